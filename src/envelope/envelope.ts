@@ -1,0 +1,124 @@
+/**
+ * The envelope: what one stored record holds (SPEC §2).
+ *
+ * On disk the envelope is a plain msgpack map with the snake_case keys of the
+ * spec, so that C and Python programs can decode the log with any msgpack
+ * library. `seq` is not inside the map: the instance that stores a record
+ * stamps it into the record header (see docs/storage.md), which is what lets
+ * a forwarded record keep its bytes while every hop numbers it anew.
+ */
+import { Packr } from "msgpackr";
+import { InvalidArgumentError } from "../errors.ts";
+
+/** Envelope format version written into every record. */
+export const ENVELOPE_VERSION = 1;
+
+/** A message as handlers and library callers see it (camelCase). */
+export interface Message<T = unknown> {
+  v: number;
+  /** UUIDv7, unique across the federation. */
+  id: string;
+  /** Per-channel sequence number assigned by the instance that stored it. */
+  seq: number;
+  /** Publish time, Unix epoch milliseconds. */
+  ts: number;
+  channel: string;
+  /** Instance that first published the message. */
+  origin: string;
+  /** Payload type name. */
+  type: string;
+  correlationId?: string;
+  serviceName?: string;
+  /** Instance names that have stored the message, in order. */
+  route: string[];
+  payload: T;
+}
+
+/** The fields a publisher supplies; the rest are stamped by keyop. */
+export interface EnvelopeFields {
+  id: string;
+  ts: number;
+  channel: string;
+  origin: string;
+  type: string;
+  correlationId?: string | undefined;
+  serviceName?: string | undefined;
+  route: string[];
+  payload: unknown;
+}
+
+/** Plain msgpack, no msgpackr record extension: any decoder reads the log. */
+const packr = new Packr({ useRecords: false, moreTypes: false, int64AsType: "number" });
+
+/** Longest payload type name, correlation id or service name. */
+export const MAX_LABEL_BYTES = 256;
+
+/** Encodes the stored body of an envelope (everything but `seq`). */
+export function encodeEnvelope(f: EnvelopeFields): Uint8Array {
+  const body: Record<string, unknown> = {
+    v: ENVELOPE_VERSION,
+    id: f.id,
+    ts: f.ts,
+    channel: f.channel,
+    origin: f.origin,
+    type: f.type,
+  };
+  if (f.correlationId !== undefined) body.correlation_id = f.correlationId;
+  if (f.serviceName !== undefined) body.service_name = f.serviceName;
+  body.route = f.route;
+  body.payload = f.payload === undefined ? null : f.payload;
+  return packr.pack(body);
+}
+
+/**
+ * Decodes a stored body and adds the `seq` from its record header. Throws on
+ * bytes that are not an envelope; callers only pass CRC-checked records.
+ */
+export function decodeEnvelope<T = unknown>(body: Uint8Array, seq: number): Message<T> {
+  const raw = packr.unpack(body) as Record<string, unknown> | null;
+  if (raw === null || typeof raw !== "object" || typeof raw.id !== "string" || typeof raw.channel !== "string") {
+    throw new InvalidArgumentError("record body is not an envelope");
+  }
+  const msg: Message<T> = {
+    v: Number(raw.v ?? ENVELOPE_VERSION),
+    id: raw.id,
+    seq,
+    ts: Number(raw.ts),
+    channel: raw.channel,
+    origin: String(raw.origin ?? ""),
+    type: String(raw.type ?? ""),
+    route: Array.isArray(raw.route) ? (raw.route as unknown[]).map(String) : [],
+    payload: raw.payload as T,
+  };
+  if (typeof raw.correlation_id === "string") msg.correlationId = raw.correlation_id;
+  if (typeof raw.service_name === "string") msg.serviceName = raw.service_name;
+  return msg;
+}
+
+/** The JSON form of the HTTP API and CLI: snake_case keys, `seq` included. */
+export function toWire(msg: Message): Record<string, unknown> {
+  const out: Record<string, unknown> = {
+    v: msg.v,
+    id: msg.id,
+    seq: msg.seq,
+    ts: msg.ts,
+    channel: msg.channel,
+    origin: msg.origin,
+    type: msg.type,
+  };
+  if (msg.correlationId !== undefined) out.correlation_id = msg.correlationId;
+  if (msg.serviceName !== undefined) out.service_name = msg.serviceName;
+  out.route = msg.route;
+  out.payload = msg.payload;
+  return out;
+}
+
+/** Throws unless `value` is a non-empty label of at most MAX_LABEL_BYTES. */
+export function assertLabel(value: unknown, what: string): asserts value is string {
+  if (typeof value !== "string" || value.length === 0) {
+    throw new InvalidArgumentError(`${what} must be a non-empty string`);
+  }
+  if (Buffer.byteLength(value) > MAX_LABEL_BYTES) {
+    throw new InvalidArgumentError(`${what} longer than ${MAX_LABEL_BYTES} bytes`);
+  }
+}

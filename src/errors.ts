@@ -1,0 +1,135 @@
+/**
+ * Typed errors with stable codes.
+ *
+ * Every failure a caller can act on has its own class and a `code` string that
+ * never changes between releases, so that the HTTP API, the CLI and programs in
+ * other languages can branch on it without parsing messages.
+ */
+
+/** Stable machine-readable error codes; the HTTP API maps them to status codes. */
+export type ErrorCode =
+  | "invalid_channel"
+  | "invalid_pattern"
+  | "invalid_name"
+  | "reserved_channel"
+  | "invalid_argument"
+  | "too_large"
+  | "disk_full"
+  | "io_error"
+  | "locked"
+  | "closed"
+  | "unknown_subscriber"
+  | "decode_failed"
+  | "invalid_config";
+
+/** Base class so callers can catch every keyop error with one `instanceof`. */
+export class KeyopError extends Error {
+  readonly code: ErrorCode;
+  constructor(code: ErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+    this.name = new.target.name;
+  }
+}
+
+/** A channel name breaks SPEC §2; raised before anything touches the disk. */
+export class InvalidChannelError extends KeyopError {
+  constructor(message: string) {
+    super("invalid_channel", message);
+  }
+}
+
+/** A subscription or ACL pattern breaks SPEC §2. */
+export class InvalidPatternError extends KeyopError {
+  constructor(message: string) {
+    super("invalid_pattern", message);
+  }
+}
+
+/** A subscriber or instance name is not usable as a file name component. */
+export class InvalidNameError extends KeyopError {
+  constructor(message: string) {
+    super("invalid_name", message);
+  }
+}
+
+/** Publishing into `*.dead-letter` is reserved for keyop itself. */
+export class ReservedChannelError extends KeyopError {
+  constructor(channel: string) {
+    super("reserved_channel", `channel "${channel}" is reserved for dead letters`);
+  }
+}
+
+/** A caller passed something that is not a valid argument (type name, option). */
+export class InvalidArgumentError extends KeyopError {
+  constructor(message: string) {
+    super("invalid_argument", message);
+  }
+}
+
+/** A message or batch exceeds a configured byte limit. */
+export class TooLargeError extends KeyopError {
+  constructor(message: string) {
+    super("too_large", message);
+  }
+}
+
+/** The disk is full: nothing partial was stored, retry once space is freed. */
+export class DiskFullError extends KeyopError {
+  constructor(message: string, cause?: unknown) {
+    super("disk_full", message, { cause });
+  }
+}
+
+/** Any other I/O failure on the log; nothing partial was stored. */
+export class IoError extends KeyopError {
+  constructor(message: string, cause?: unknown) {
+    super("io_error", message, { cause });
+  }
+}
+
+/** Another process holds the data directory. */
+export class LockedError extends KeyopError {
+  constructor(message: string) {
+    super("locked", message);
+  }
+}
+
+/** The messenger or log was closed (or is closing) and takes no more work. */
+export class ClosedError extends KeyopError {
+  constructor(message = "messenger is closed") {
+    super("closed", message);
+  }
+}
+
+/** An ack or delete named a subscriber that does not exist. */
+export class UnknownSubscriberError extends KeyopError {
+  constructor(message: string) {
+    super("unknown_subscriber", message);
+  }
+}
+
+/** A payload failed the decoder registered for its type. */
+export class DecodeError extends KeyopError {
+  constructor(message: string, cause?: unknown) {
+    super("decode_failed", message, { cause });
+  }
+}
+
+/** Configuration problems, all of them at once, each with its key path. */
+export class ConfigError extends KeyopError {
+  readonly problems: readonly string[];
+  constructor(problems: readonly string[]) {
+    super("invalid_config", `invalid configuration:\n  ${problems.join("\n  ")}`);
+    this.problems = problems;
+  }
+}
+
+/** Maps an OS error from a write or fsync to the typed error callers see. */
+export function ioErrorFrom(err: unknown, what: string): KeyopError {
+  if (err instanceof KeyopError) return err;
+  const code = (err as { code?: string } | null)?.code;
+  if (code === "ENOSPC" || code === "EDQUOT") return new DiskFullError(`${what}: disk full`, err);
+  const msg = err instanceof Error ? err.message : String(err);
+  return new IoError(`${what}: ${msg}`, err);
+}

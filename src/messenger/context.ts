@@ -1,0 +1,32 @@
+/**
+ * Publish context carried through async calls (AsyncLocalStorage).
+ *
+ * A handler runs inside the context of the message it handles, so that what
+ * it publishes carries the same correlation id without passing it by hand.
+ */
+import { AsyncLocalStorage } from "node:async_hooks";
+
+/** Fields stamped on publishes made inside the context. */
+export interface PublishContext {
+  serviceName?: string | undefined;
+  correlationId?: string | undefined;
+}
+
+const storage = new AsyncLocalStorage<PublishContext>();
+
+/**
+ * Runs `fn` with `ctx` merged over the current context; publishes made in
+ * `fn` (and anything it awaits) inherit the fields unless opts override them.
+ */
+export function withContext<T>(ctx: PublishContext, fn: () => T): T {
+  const current = storage.getStore();
+  const merged: PublishContext = { ...current };
+  if (ctx.serviceName !== undefined) merged.serviceName = ctx.serviceName;
+  if (ctx.correlationId !== undefined) merged.correlationId = ctx.correlationId;
+  return storage.run(merged, fn);
+}
+
+/** The context in force here, if any. */
+export function currentContext(): PublishContext | undefined {
+  return storage.getStore();
+}

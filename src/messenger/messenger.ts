@@ -1,0 +1,448 @@
+/**
+ * The Messenger: durable publish and subscribe on an embedded log (SPEC §4.1).
+ *
+ * `publish` resolves once the record is as durable as `storage.sync` says
+ * (after fdatasync with the default `always`); subscribers are durable named
+ * cursors that see every message at least once, in order per channel.
+ */
+import { encodeEnvelope, assertLabel, toWire, type Message } from "../envelope/envelope.ts";
+import {
+  assertChannel,
+  assertName,
+  assertPattern,
+  compilePattern,
+  deadLetterOf,
+  isDeadLetter,
+  type Matcher,
+} from "../envelope/names.ts";
+import { ClosedError, InvalidArgumentError, KeyopError, ReservedChannelError, TooLargeError } from "../errors.ts";
+import { Histogram, type LatencySummary } from "../observability/histogram.ts";
+import type { Logger } from "../observability/logger.ts";
+import type { ChannelLog } from "../store/channel-log.ts";
+import { CursorStore, cursorKey, type StartFrom } from "../store/cursor-store.ts";
+import { LogStore } from "../store/log-store.ts";
+import { join } from "node:path";
+import { resolveConfig, type MessengerConfig, type ResolvedConfig } from "./config.ts";
+import { currentContext } from "./context.ts";
+import { Subscription, type Handler, type SubscribeOptions, type SubscriptionHost } from "./subscription.ts";
+
+/** Per-publish overrides of the context fields. */
+export interface PublishOptions {
+  correlationId?: string;
+  serviceName?: string;
+}
+
+/** What a durable publish returns. */
+export interface PublishResult {
+  id: string;
+  seq: number;
+  channel: string;
+  ts: number;
+}
+
+/** One entry of `publishBatch`. */
+export interface BatchEntry {
+  channel: string;
+  type: string;
+  payload: unknown;
+  opts?: PublishOptions;
+}
+
+/** Counters of one channel since the messenger opened. */
+export interface ChannelCounters {
+  published: number;
+  delivered: number;
+  redelivered: number;
+  failed: number;
+  deadLettered: number;
+}
+
+/** A subscriber as `stats()` reports it. */
+export interface SubscriberStats {
+  name: string;
+  pattern: string;
+  /** Next seq the subscriber will get on this channel. */
+  cursor: number;
+  /** Messages stored but not yet acked by this subscriber. */
+  lag: number;
+  skipped: number;
+  active: boolean;
+}
+
+/** A channel as `stats()` reports it. */
+export interface ChannelStats extends ChannelCounters {
+  channel: string;
+  firstSeq: number;
+  nextSeq: number;
+  messages: number;
+  bytes: number;
+  segments: number;
+  subscribers: SubscriberStats[];
+}
+
+/** Snapshot returned by `stats()`. */
+export interface MessengerStats {
+  name: string;
+  channels: ChannelStats[];
+  totals: { channels: number; messages: number; bytes: number; subscribers: number } & ChannelCounters;
+  latency: { publishToDisk: LatencySummary; publishToHandler: LatencySummary; fsync: LatencySummary };
+}
+
+/** Decoder of a registered payload type: returns the typed value or throws. */
+export type PayloadDecoder<T = unknown> = (payload: unknown) => T;
+
+const zeroCounters = (): ChannelCounters => ({ published: 0, delivered: 0, redelivered: 0, failed: 0, deadLettered: 0 });
+
+/** Durable local pub/sub. Create with `Messenger.open`. */
+export class Messenger {
+  /** Instance name: origin of local publishes and first entry of routes. */
+  readonly name: string;
+  private readonly cfg: ResolvedConfig;
+  private readonly store: LogStore;
+  private readonly cursorStore: CursorStore;
+  private readonly subs = new Map<string, Subscription>();
+  private readonly matchers = new Map<string, Matcher>();
+  private readonly decoders = new Map<string, PayloadDecoder | undefined>();
+  private readonly counters = new Map<string, ChannelCounters>();
+  private readonly host: SubscriptionHost;
+  private readonly publishLatency = new Histogram();
+  private readonly handlerLatency = new Histogram();
+  private readonly fsyncLatency: Histogram;
+  private retentionTimer: ReturnType<typeof setInterval> | null = null;
+  private state: "open" | "closing" | "closed" = "open";
+  private closing: Promise<void> | null = null;
+
+  private constructor(cfg: ResolvedConfig, store: LogStore, cursors: CursorStore, fsyncLatency: Histogram) {
+    this.cfg = cfg;
+    this.name = cfg.name;
+    this.store = store;
+    this.cursorStore = cursors;
+    this.fsyncLatency = fsyncLatency;
+    const self = this;
+    this.host = {
+      cursors,
+      logger: cfg.logger,
+      retryBackoffBaseMs: cfg.retryBackoffBaseMs,
+      retryBackoffMaxMs: cfg.retryBackoffMaxMs,
+      decoderFor: (type) => self.decoders.get(type),
+      deadLetter: (msg, error, attempts) => self.deadLetter(msg, error, attempts),
+      noteDelivered: (channel, ms, redelivery) => {
+        const c = self.countersOf(channel);
+        c.delivered++;
+        if (redelivery) c.redelivered++;
+        if (ms !== undefined) self.handlerLatency.record(ms);
+      },
+      noteFailed: (channel) => self.countersOf(channel).failed++,
+    };
+    store.onChannelCreated((log) => {
+      for (const sub of this.subs.values()) if (this.matcher(sub.pattern)(log.name)) sub.attach(log);
+    });
+    if (cfg.retention.maxAgeMs !== undefined || cfg.retention.maxBytes !== undefined) {
+      this.retentionTimer = setInterval(() => void this.runRetention().catch(() => {}), cfg.retentionCheckMs);
+      this.retentionTimer.unref?.();
+    }
+  }
+
+  /**
+   * Opens the data directory (taking its lock, recovering every channel's
+   * log) and returns a ready messenger. Throws `LockedError` when another
+   * process holds the directory.
+   */
+  static async open(config: MessengerConfig): Promise<Messenger> {
+    const cfg = resolveConfig(config);
+    const fsyncLatency = new Histogram();
+    const store = await LogStore.open(cfg.dataDir, {
+      segmentBytes: cfg.segmentBytes,
+      sync: cfg.sync,
+      syncIntervalMs: cfg.syncIntervalMs,
+      tailCacheBytes: cfg.tailCacheBytes,
+      logger: cfg.logger,
+      onFsync: (ms) => fsyncLatency.record(ms),
+    });
+    let cursors: CursorStore;
+    try {
+      cursors = await CursorStore.open(join(cfg.dataDir, "subscribers"), cfg.logger, cfg.cursorFlushMs);
+    } catch (err) {
+      await store.close();
+      throw err;
+    }
+    cfg.logger.info("messenger open", { name: cfg.name, data_dir: cfg.dataDir, channels: store.all().length, sync: cfg.sync });
+    return new Messenger(cfg, store, cursors, fsyncLatency);
+  }
+
+  /**
+   * Publishes one message; resolves after the durable write with its id and
+   * seq. Service name and correlation id come from `opts`, else from the
+   * current `withContext`, else the messenger's default service name.
+   */
+  async publish(channel: string, type: string, payload: unknown, opts?: PublishOptions): Promise<PublishResult> {
+    const { body, id, ts } = this.encode(channel, type, payload, opts);
+    const t0 = performance.now();
+    const log = await this.logFor(channel);
+    const seq = await log.append(body);
+    this.publishLatency.record(performance.now() - t0);
+    this.countersOf(channel).published++;
+    return { id, seq, channel, ts };
+  }
+
+  /**
+   * Publishes several messages in one group commit per channel. Every entry
+   * is validated before anything is written; results are in entry order.
+   */
+  async publishBatch(entries: readonly BatchEntry[]): Promise<PublishResult[]> {
+    const encoded = entries.map((e) => this.encode(e.channel, e.type, e.payload, e.opts));
+    const t0 = performance.now();
+    const logs = await Promise.all(entries.map((e) => this.logFor(e.channel)));
+    const seqs = await Promise.all(encoded.map((e, i) => logs[i]!.append(e.body)));
+    const dt = performance.now() - t0;
+    return encoded.map((e, i) => {
+      this.publishLatency.record(dt);
+      this.countersOf(entries[i]!.channel).published++;
+      return { id: e.id, seq: seqs[i]!, channel: entries[i]!.channel, ts: e.ts };
+    });
+  }
+
+  private encode(channel: string, type: string, payload: unknown, opts?: PublishOptions): { body: Uint8Array; id: string; ts: number } {
+    if (this.state !== "open") throw new ClosedError();
+    assertChannel(channel);
+    if (isDeadLetter(channel)) throw new ReservedChannelError(channel);
+    return this.encodeFor(channel, type, payload, opts);
+  }
+
+  private encodeFor(channel: string, type: string, payload: unknown, opts?: PublishOptions) {
+    assertLabel(type, "type");
+    const ctx = currentContext();
+    const correlationId = opts?.correlationId ?? ctx?.correlationId;
+    const serviceName = opts?.serviceName ?? ctx?.serviceName ?? this.cfg.serviceName;
+    if (correlationId !== undefined) assertLabel(correlationId, "correlation id");
+    if (serviceName !== undefined) assertLabel(serviceName, "service name");
+    const id = Bun.randomUUIDv7();
+    const ts = Date.now();
+    let body: Uint8Array;
+    try {
+      body = encodeEnvelope({ id, ts, channel, origin: this.name, type, correlationId, serviceName, route: [this.name], payload });
+    } catch (err) {
+      throw new InvalidArgumentError(`payload cannot be encoded as msgpack: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    if (body.length > this.cfg.maxMessageBytes) {
+      throw new TooLargeError(`message of ${body.length} bytes exceeds the limit of ${this.cfg.maxMessageBytes}`);
+    }
+    return { body, id, ts };
+  }
+
+  private logFor(channel: string): ChannelLog | Promise<ChannelLog> {
+    return this.store.getOrCreate(channel);
+  }
+
+  private async deadLetter(msg: Message, error: unknown, attempts: number): Promise<void> {
+    if (isDeadLetter(msg.channel)) {
+      // A dead letter that fails again is not dead-lettered twice: log it and move on.
+      this.cfg.logger.error("dead letter handler failed, message dropped", { channel: msg.channel, seq: msg.seq, id: msg.id, attempts });
+      return;
+    }
+    const channel = deadLetterOf(msg.channel);
+    const payload = {
+      error: error instanceof Error ? error.message : String(error),
+      code: error instanceof KeyopError ? error.code : undefined,
+      attempts,
+      failed_at: Date.now(),
+      message: toWire(msg),
+    };
+    const { body } = this.encodeFor(channel, "keyop.dead-letter", payload, { correlationId: msg.correlationId ?? msg.id });
+    const log = await this.logFor(channel);
+    await log.append(body);
+    this.countersOf(msg.channel).deadLettered++;
+    this.cfg.logger.warn("message dead-lettered", { channel: msg.channel, seq: msg.seq, id: msg.id, attempts, dead_letter: channel });
+  }
+
+  /**
+   * Starts a durable subscription: `handler` gets every message of the
+   * matching channels after the subscriber's cursor, in order per channel
+   * (different channels of a pattern are delivered concurrently). A new
+   * subscriber starts at `opts.from` (default latest); an existing one
+   * resumes where it acked.
+   */
+  async subscribe<T = unknown>(pattern: string, name: string, handler: Handler<T>, opts: SubscribeOptions = {}): Promise<Subscription> {
+    if (this.state !== "open") throw new ClosedError();
+    assertPattern(pattern);
+    assertName(name);
+    if (typeof handler !== "function") throw new InvalidArgumentError("handler must be a function");
+    const from = opts.from ?? "latest";
+    if (!(from === "latest" || from === "earliest" || (Number.isInteger(from) && (from as number) >= 1))) {
+      throw new InvalidArgumentError(`from must be "earliest", "latest" or a seq >= 1`);
+    }
+    const key = cursorKey(pattern, name);
+    if (this.subs.has(key)) throw new InvalidArgumentError(`subscriber ${name} on ${pattern} is already running`);
+    const matches = this.matcher(pattern);
+    let state = this.cursorStore.get(pattern, name);
+    if (!state) {
+      state = this.cursorStore.create(pattern, name, from);
+      for (const log of this.store.all()) {
+        if (!matches(log.name)) continue;
+        const start = from === "latest" ? log.nextSeq : from === "earliest" ? log.firstSeq : Math.max(from, log.firstSeq);
+        this.cursorStore.set(state, log.name, start);
+      }
+      // Channels created from now on start at their beginning.
+      state.from = typeof from === "number" ? from : "earliest";
+    }
+    const maxRetries = opts.maxRetries ?? this.cfg.maxRetries;
+    const serviceName = opts.serviceName ?? currentContext()?.serviceName ?? this.cfg.serviceName;
+    const sub = new Subscription(this.host, state, handler as Handler<any>, serviceName, maxRetries);
+    this.subs.set(key, sub);
+    for (const log of this.store.all()) if (matches(log.name)) sub.attach(log);
+    return sub;
+  }
+
+  /**
+   * Stops a subscription once its running handler call returns. The durable
+   * cursor stays (the subscriber resumes there) unless `deleteCursor` is set.
+   */
+  async unsubscribe(sub: Subscription, opts: { deleteCursor?: boolean } = {}): Promise<void> {
+    const key = cursorKey(sub.pattern, sub.name);
+    if (this.subs.get(key) === sub) this.subs.delete(key);
+    await sub.stop();
+    if (opts.deleteCursor) await this.cursorStore.delete(sub.pattern, sub.name);
+    else await this.cursorStore.flush();
+  }
+
+  /** Removes a durable subscriber (stopping it if running); false if unknown. */
+  async deleteSubscriber(pattern: string, name: string): Promise<boolean> {
+    const sub = this.subs.get(cursorKey(pattern, name));
+    if (sub) {
+      this.subs.delete(cursorKey(pattern, name));
+      await sub.stop();
+    }
+    return this.cursorStore.delete(pattern, name);
+  }
+
+  /**
+   * Registers a payload type. With `decode`, handlers get the decoded value,
+   * and a payload the decoder rejects goes straight to the dead-letter channel.
+   */
+  registerPayloadType<T>(type: string, decode?: PayloadDecoder<T>): void {
+    assertLabel(type, "type");
+    if (decode !== undefined && typeof decode !== "function") throw new InvalidArgumentError("decode must be a function");
+    this.decoders.set(type, decode);
+  }
+
+  /** Payload types registered so far. */
+  get payloadTypes(): string[] {
+    return [...this.decoders.keys()];
+  }
+
+  /** Runs a retention pass over every channel now (the timer also does). */
+  async runRetention(): Promise<void> {
+    const { maxAgeMs, maxBytes } = this.cfg.retention;
+    if (maxAgeMs === undefined && maxBytes === undefined) return;
+    for (const log of this.store.all()) {
+      let pinnedSeq = Infinity;
+      for (const s of this.cursorStore.list()) {
+        if (!this.matcher(s.pattern)(log.name)) continue;
+        pinnedSeq = Math.min(pinnedSeq, s.cursors[log.name] ?? log.firstSeq);
+      }
+      const r = await log.applyRetention({ maxAgeMs, maxBytes, pinnedSeq });
+      if (r.removedSegments > 0) {
+        const behind = this.cursorStore.list().filter((s) => (s.cursors[log.name] ?? Infinity) < r.firstSeq);
+        const fields = {
+          channel: log.name,
+          segments: r.removedSegments,
+          records: r.removedRecords,
+          bytes: r.removedBytes,
+          first_seq: r.firstSeq,
+          subscribers_behind: behind.map((s) => s.name),
+        };
+        if (behind.length > 0) this.cfg.logger.warn("retention removed messages not yet read", fields);
+        else this.cfg.logger.info("retention removed segments", fields);
+      }
+    }
+  }
+
+  /** Per-channel and total figures, subscriber lag, latency percentiles. */
+  stats(): MessengerStats {
+    const subs = this.cursorStore.list();
+    const totals = { channels: 0, messages: 0, bytes: 0, subscribers: subs.length, ...zeroCounters() };
+    const channels: ChannelStats[] = [];
+    for (const log of this.store.all().sort((a, b) => a.name.localeCompare(b.name))) {
+      const c = this.counters.get(log.name) ?? zeroCounters();
+      const subscribers: SubscriberStats[] = [];
+      for (const s of subs) {
+        if (!this.matcher(s.pattern)(log.name)) continue;
+        const cursor = Math.max(s.cursors[log.name] ?? log.firstSeq, log.firstSeq);
+        subscribers.push({
+          name: s.name,
+          pattern: s.pattern,
+          cursor,
+          lag: Math.max(0, log.nextSeq - cursor),
+          skipped: s.skipped[log.name] ?? 0,
+          active: this.subs.has(cursorKey(s.pattern, s.name)),
+        });
+      }
+      const st: ChannelStats = {
+        channel: log.name,
+        firstSeq: log.firstSeq,
+        nextSeq: log.nextSeq,
+        messages: log.nextSeq - log.firstSeq,
+        bytes: log.bytes,
+        segments: log.segmentCount,
+        subscribers,
+        ...c,
+      };
+      channels.push(st);
+      totals.channels++;
+      totals.messages += st.messages;
+      totals.bytes += st.bytes;
+      for (const k of Object.keys(c) as (keyof ChannelCounters)[]) totals[k] += c[k];
+    }
+    return {
+      name: this.name,
+      channels,
+      totals,
+      latency: {
+        publishToDisk: this.publishLatency.summary(),
+        publishToHandler: this.handlerLatency.summary(),
+        fsync: this.fsyncLatency.summary(),
+      },
+    };
+  }
+
+  /**
+   * Stops subscriptions (waiting for running handler calls), stops intake,
+   * drains queued appends, flushes cursors and releases the data directory.
+   */
+  close(): Promise<void> {
+    this.closing ??= this.doClose();
+    return this.closing;
+  }
+
+  private async doClose(): Promise<void> {
+    if (this.retentionTimer) clearInterval(this.retentionTimer);
+    const subs = [...this.subs.values()];
+    this.subs.clear();
+    await Promise.all(subs.map((s) => s.stop()));
+    this.state = "closing";
+    await this.store.close();
+    await this.cursorStore.close();
+    this.state = "closed";
+    this.cfg.logger.info("messenger closed", { name: this.name });
+  }
+
+  private matcher(pattern: string): Matcher {
+    let m = this.matchers.get(pattern);
+    if (!m) {
+      m = compilePattern(pattern);
+      this.matchers.set(pattern, m);
+    }
+    return m;
+  }
+
+  private countersOf(channel: string): ChannelCounters {
+    let c = this.counters.get(channel);
+    if (!c) {
+      c = zeroCounters();
+      this.counters.set(channel, c);
+    }
+    return c;
+  }
+}
+
+export type { StartFrom };

@@ -1,0 +1,226 @@
+/**
+ * A running handler subscription: one delivery loop per matching channel.
+ *
+ * Each loop reads from its channel's log at the subscriber's cursor, calls
+ * the handler one message at a time (order per channel), and moves the
+ * cursor only after the handler returns, or after the message went to the
+ * dead-letter channel. Loops sleep on the log's commit signal, so delivery
+ * follows a publish without any polling delay.
+ */
+import { decodeEnvelope, type Message } from "../envelope/envelope.ts";
+import { DecodeError } from "../errors.ts";
+import type { Logger } from "../observability/logger.ts";
+import type { ChannelLog } from "../store/channel-log.ts";
+import type { CursorState, CursorStore, StartFrom } from "../store/cursor-store.ts";
+import { withContext } from "./context.ts";
+import { RetryLater } from "./retry-later.ts";
+
+/** A message handler; a throw (or rejection) means "failed, retry". */
+export type Handler<T = unknown> = (msg: Message<T>) => void | Promise<void>;
+
+/** Options of `Messenger.subscribe`. */
+export interface SubscribeOptions {
+  /** Where a new subscriber starts; ignored for an existing one. Default latest. */
+  from?: StartFrom;
+  /** Service name stamped on what the handler publishes. */
+  serviceName?: string;
+  /** Overrides `subscribers.maxRetries` for this subscription. */
+  maxRetries?: number;
+}
+
+/** What a subscription needs from its messenger. */
+export interface SubscriptionHost {
+  readonly cursors: CursorStore;
+  readonly logger: Logger;
+  readonly retryBackoffBaseMs: number;
+  readonly retryBackoffMaxMs: number;
+  decoderFor(type: string): ((payload: unknown) => unknown) | undefined;
+  /** Stores a dead letter for `msg`; throws when it could not be stored. */
+  deadLetter(msg: Message, error: unknown, attempts: number): Promise<void>;
+  /** Metrics: a handler call succeeded after `latencyMs` from publish. */
+  noteDelivered(channel: string, latencyMs: number | undefined, redelivery: boolean): void;
+  noteFailed(channel: string): void;
+}
+
+const READ_BATCH = 256;
+
+/** A handler subscription; stop it with `Messenger.unsubscribe`. */
+export class Subscription {
+  readonly pattern: string;
+  readonly name: string;
+  private readonly host: SubscriptionHost;
+  private readonly state: CursorState;
+  private readonly handler: Handler<any>;
+  private readonly serviceName: string | undefined;
+  private readonly maxRetries: number;
+  private readonly loops = new Map<string, Promise<void>>();
+  private readonly wakers = new Set<() => void>();
+  private stopped = false;
+
+  /** @internal Created by `Messenger.subscribe`. */
+  constructor(host: SubscriptionHost, state: CursorState, handler: Handler<any>, serviceName: string | undefined, maxRetries: number) {
+    this.host = host;
+    this.state = state;
+    this.pattern = state.pattern;
+    this.name = state.name;
+    this.handler = handler;
+    this.serviceName = serviceName;
+    this.maxRetries = maxRetries;
+  }
+
+  /** Channels this subscription is delivering from. */
+  get channels(): string[] {
+    return [...this.loops.keys()];
+  }
+
+  /** True until stopped. */
+  get active(): boolean {
+    return !this.stopped;
+  }
+
+  /** @internal Starts delivering from `log` (a matching channel). */
+  attach(log: ChannelLog): void {
+    if (this.stopped || this.loops.has(log.name)) return;
+    if (this.state.cursors[log.name] === undefined) {
+      // A channel without a cursor appeared after the subscriber was made: all of it is new.
+      const from = this.state.from;
+      this.host.cursors.set(this.state, log.name, typeof from === "number" ? Math.max(from, log.firstSeq) : log.firstSeq);
+    }
+    const loop = this.run(log).catch((err) => {
+      this.host.logger.error("delivery loop ended with an error", { subscriber: this.name, channel: log.name, error: String(err) });
+    });
+    this.loops.set(log.name, loop);
+  }
+
+  /** @internal Stops every loop; resolves once no handler call is running. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    for (const w of this.wakers) w();
+    this.wakers.clear();
+    await Promise.all(this.loops.values());
+  }
+
+  private async run(log: ChannelLog): Promise<void> {
+    const channel = log.name;
+    let wake: (() => void) | null = null;
+    const off = log.onCommit(() => wake?.());
+    try {
+      while (!this.stopped) {
+        let cursor = this.state.cursors[channel]!;
+        if (cursor < log.firstSeq) {
+          const lost = log.firstSeq - cursor;
+          this.host.cursors.addSkipped(this.state, channel, lost);
+          this.host.logger.warn("retention removed messages before this subscriber read them", { subscriber: this.name, channel, skipped: lost });
+          cursor = log.firstSeq;
+          this.host.cursors.set(this.state, channel, cursor);
+        } else if (cursor > log.nextSeq) {
+          // Only after a crash under sync interval/none: the log lost its unsynced tail.
+          this.host.logger.warn("cursor past the end of the log, moved back", { subscriber: this.name, channel, cursor, next_seq: log.nextSeq });
+          cursor = log.nextSeq;
+          this.host.cursors.set(this.state, channel, cursor);
+        }
+        const records = await log.read(cursor, READ_BATCH);
+        if (records.length === 0) {
+          await new Promise<void>((resolve) => {
+            const done = () => {
+              this.wakers.delete(done);
+              wake = null;
+              resolve();
+            };
+            wake = done;
+            this.wakers.add(done);
+            if (this.stopped || log.nextSeq > cursor) done();
+          });
+          continue;
+        }
+        for (const rec of records) {
+          if (this.stopped) return;
+          if (!(await this.deliver(log, rec.seq, rec.body))) return;
+          this.host.cursors.set(this.state, channel, rec.seq + 1);
+        }
+      }
+    } finally {
+      off();
+    }
+  }
+
+  /** Delivers one record with retries; false when stopped before it was done. */
+  private async deliver(log: ChannelLog, seq: number, body: Uint8Array): Promise<boolean> {
+    let msg: Message;
+    try {
+      msg = decodeEnvelope(body, seq);
+    } catch (err) {
+      // CRC-valid but not an envelope: written by something else. Never hand it to the handler.
+      this.host.logger.error("record is not an envelope, skipped", { channel: log.name, seq, error: String(err) });
+      return true;
+    }
+    let attempts = 0;
+    let retryLaters = 0;
+    while (!this.stopped) {
+      let delivered: Message = msg;
+      const decode = this.host.decoderFor(msg.type);
+      if (decode) {
+        try {
+          delivered = { ...msg, payload: decode(msg.payload) };
+        } catch (err) {
+          return this.toDeadLetter(msg, new DecodeError(`payload of type ${msg.type} failed its decoder: ${errText(err)}`, err), 1);
+        }
+      }
+      try {
+        const ctx = { serviceName: this.serviceName, correlationId: msg.correlationId ?? msg.id };
+        await withContext(ctx, () => this.handler(delivered));
+        const at = log.appendedAt(seq);
+        this.host.noteDelivered(log.name, at !== undefined ? performance.now() - at : Date.now() - msg.ts, attempts + retryLaters > 0);
+        return true;
+      } catch (err) {
+        if (err instanceof RetryLater) {
+          retryLaters++;
+          await this.sleep(err.delayMs ?? this.host.retryBackoffBaseMs);
+          continue;
+        }
+        attempts++;
+        this.host.noteFailed(log.name);
+        this.host.logger.warn("handler failed", { subscriber: this.name, channel: log.name, seq, attempt: attempts, error: errText(err) });
+        if (attempts >= this.maxRetries) return this.toDeadLetter(msg, err, attempts);
+        await this.sleep(this.backoff(attempts));
+      }
+    }
+    return false;
+  }
+
+  /** Dead-letters `msg`, retrying the store itself (e.g. disk full) until stopped. */
+  private async toDeadLetter(msg: Message, error: unknown, attempts: number): Promise<boolean> {
+    let tries = 0;
+    while (!this.stopped) {
+      try {
+        await this.host.deadLetter(msg, error, attempts);
+        return true;
+      } catch (err) {
+        tries++;
+        this.host.logger.error("could not store dead letter, will retry", { channel: msg.channel, seq: msg.seq, error: errText(err) });
+        await this.sleep(this.backoff(tries));
+      }
+    }
+    return false;
+  }
+
+  private backoff(attempt: number): number {
+    return Math.min(this.host.retryBackoffBaseMs * 2 ** (attempt - 1), this.host.retryBackoffMaxMs);
+  }
+
+  private sleep(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.wakers.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      this.wakers.add(done);
+    });
+  }
+}
+
+function errText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}

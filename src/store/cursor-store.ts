@@ -1,0 +1,172 @@
+/**
+ * Durable subscriber cursors: one small JSON file per subscriber.
+ *
+ * Acks only touch memory and mark the subscriber dirty; a timer (and close)
+ * writes every dirty file atomically (temp file, fsync, rename, one
+ * directory fsync per round), so acking costs no fsync per message. A crash
+ * between an ack and the next flush redelivers, which at-least-once allows.
+ */
+import { mkdir, open, readdir, readFile, rename, unlink } from "node:fs/promises";
+import { join } from "node:path";
+import type { Logger } from "../observability/logger.ts";
+import { fsyncDir } from "./fsync-dir.ts";
+
+/** Where a new subscriber starts. */
+export type StartFrom = "earliest" | "latest" | number;
+
+/** The persisted state of one subscriber. */
+export interface CursorState {
+  v: 1;
+  /** Channel or pattern the subscriber reads. */
+  pattern: string;
+  name: string;
+  /** Epoch ms of creation. */
+  created: number;
+  /** Epoch ms of the last ack or read, for clean-up of forgotten cursors. */
+  touched: number;
+  /** Where channels without a cursor yet start (for channels that appear later: earliest). */
+  from: StartFrom;
+  /** Per channel: the next seq to deliver (everything below is acked). */
+  cursors: Record<string, number>;
+  /** Per channel: messages removed by retention before this subscriber read them. */
+  skipped: Record<string, number>;
+}
+
+/** Key of a subscriber: pattern and name. */
+export function cursorKey(pattern: string, name: string): string {
+  return `${pattern}\u0000${name}`;
+}
+
+/** File name of a subscriber; `*` and `>` escaped so shells stay friendly. */
+export function cursorFileName(pattern: string, name: string): string {
+  return `${pattern.replaceAll("*", "%2A").replaceAll(">", "%3E")}~${name}.json`;
+}
+
+/** All subscribers' cursors of one data directory, flushed in batches. */
+export class CursorStore {
+  readonly dir: string;
+  private readonly states = new Map<string, CursorState>();
+  private readonly dirty = new Set<string>();
+  private readonly logger: Logger;
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private flushing: Promise<void> = Promise.resolve();
+
+  private constructor(dir: string, logger: Logger, flushMs: number) {
+    this.dir = dir;
+    this.logger = logger;
+    if (flushMs > 0) {
+      this.timer = setInterval(() => void this.flush(), flushMs);
+      this.timer.unref?.();
+    }
+  }
+
+  /** Loads every cursor file in `dir` (created if missing). */
+  static async open(dir: string, logger: Logger, flushMs = 100): Promise<CursorStore> {
+    await mkdir(dir, { recursive: true });
+    const store = new CursorStore(dir, logger, flushMs);
+    for (const f of await readdir(dir)) {
+      const path = join(dir, f);
+      if (f.endsWith(".tmp")) {
+        await unlink(path).catch(() => {});
+        continue;
+      }
+      if (!f.endsWith(".json")) continue;
+      try {
+        const s = JSON.parse(await readFile(path, "utf8")) as CursorState;
+        if (typeof s.pattern !== "string" || typeof s.name !== "string" || typeof s.cursors !== "object") {
+          throw new Error("missing fields");
+        }
+        s.skipped ??= {};
+        s.touched ??= s.created;
+        store.states.set(cursorKey(s.pattern, s.name), s);
+      } catch (err) {
+        // A cursor file is only ever replaced by rename, so this is outside damage:
+        // keep the file for a human and start the subscriber over from its default.
+        logger.error("unreadable cursor file set aside", { file: path, error: String(err) });
+        await rename(path, path + ".corrupt").catch(() => {});
+      }
+    }
+    return store;
+  }
+
+  /** Every known subscriber. */
+  list(): CursorState[] {
+    return [...this.states.values()];
+  }
+
+  /** The subscriber `name` on `pattern`, if it exists. */
+  get(pattern: string, name: string): CursorState | undefined {
+    return this.states.get(cursorKey(pattern, name));
+  }
+
+  /** Creates a subscriber (persisted on the next flush). */
+  create(pattern: string, name: string, from: StartFrom): CursorState {
+    const now = Date.now();
+    const s: CursorState = { v: 1, pattern, name, created: now, touched: now, from, cursors: {}, skipped: {} };
+    this.states.set(cursorKey(pattern, name), s);
+    this.dirty.add(cursorKey(pattern, name));
+    return s;
+  }
+
+  /** Moves a channel cursor; `nextSeq` is the next seq to deliver. */
+  set(state: CursorState, channel: string, nextSeq: number): void {
+    state.cursors[channel] = nextSeq;
+    state.touched = Date.now();
+    this.dirty.add(cursorKey(state.pattern, state.name));
+  }
+
+  /** Counts messages retention removed before the subscriber read them. */
+  addSkipped(state: CursorState, channel: string, n: number): void {
+    state.skipped[channel] = (state.skipped[channel] ?? 0) + n;
+    this.dirty.add(cursorKey(state.pattern, state.name));
+  }
+
+  /** Removes a subscriber and its file. */
+  async delete(pattern: string, name: string): Promise<boolean> {
+    const key = cursorKey(pattern, name);
+    if (!this.states.delete(key)) return false;
+    this.dirty.delete(key);
+    await this.flushing;
+    await unlink(join(this.dir, cursorFileName(pattern, name))).catch(() => {});
+    await fsyncDir(this.dir).catch(() => {});
+    return true;
+  }
+
+  /** Writes every dirty cursor file now; resolves when they are durable. */
+  flush(): Promise<void> {
+    this.flushing = this.flushing.then(() => this.flushDirty());
+    return this.flushing;
+  }
+
+  private async flushDirty(): Promise<void> {
+    if (this.dirty.size === 0) return;
+    const keys = [...this.dirty];
+    this.dirty.clear();
+    for (const key of keys) {
+      const s = this.states.get(key);
+      if (!s) continue;
+      const path = join(this.dir, cursorFileName(s.pattern, s.name));
+      try {
+        const fh = await open(path + ".tmp", "w");
+        try {
+          await fh.writeFile(JSON.stringify(s));
+          await fh.datasync();
+        } finally {
+          await fh.close();
+        }
+        await rename(path + ".tmp", path);
+      } catch (err) {
+        this.dirty.add(key); // try again next round
+        this.logger.error("cursor flush failed", { file: path, error: String(err) });
+      }
+    }
+    await fsyncDir(this.dir).catch(() => {});
+  }
+
+  /** Flushes and stops the timer. */
+  async close(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+    await this.flush();
+  }
+}

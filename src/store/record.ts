@@ -1,0 +1,91 @@
+/**
+ * The record codec: how one envelope sits in a segment file.
+ *
+ *   offset 0  u32 LE  body length in bytes (1 .. MAX_RECORD_BODY)
+ *   offset 4  u32 LE  CRC-32 (IEEE) over bytes 8 .. 16+length (seq and body)
+ *   offset 8  u64 LE  sequence number
+ *   offset 16 body    msgpack envelope without seq
+ *
+ * Kept apart from file handling so recovery, readers and federation share
+ * one definition of a valid record (docs/storage.md).
+ */
+
+/** Bytes before the body of every record. */
+export const RECORD_HEADER_BYTES = 16;
+/** Hard upper bound on one body: a larger length field means corruption. */
+export const MAX_RECORD_BODY = 16 * 1024 * 1024;
+
+/** A record read back from the log. */
+export interface RawRecord {
+  seq: number;
+  /** The msgpack envelope body (a view; copy it before keeping it long). */
+  body: Uint8Array;
+}
+
+/** Writes one record at `offset` of `buf`; returns the offset after it. */
+export function writeRecord(buf: Uint8Array, view: DataView, offset: number, seq: number, body: Uint8Array): number {
+  view.setUint32(offset, body.length, true);
+  view.setUint32(offset + 8, seq % 0x1_0000_0000, true);
+  view.setUint32(offset + 12, Math.floor(seq / 0x1_0000_0000), true);
+  buf.set(body, offset + RECORD_HEADER_BYTES);
+  const end = offset + RECORD_HEADER_BYTES + body.length;
+  view.setUint32(offset + 4, Bun.hash.crc32(buf.subarray(offset + 8, end)), true);
+  return end;
+}
+
+/** Encodes records with consecutive seqs from `firstSeq` into one buffer. */
+export function encodeRecords(firstSeq: number, bodies: readonly Uint8Array[]): Uint8Array {
+  let total = 0;
+  for (const b of bodies) total += RECORD_HEADER_BYTES + b.length;
+  const buf = new Uint8Array(total);
+  const view = new DataView(buf.buffer);
+  let off = 0;
+  for (let i = 0; i < bodies.length; i++) off = writeRecord(buf, view, off, firstSeq + i, bodies[i]!);
+  return buf;
+}
+
+/** Why a scan stopped before the end of the bytes it was given. */
+export type ScanStop = "end" | "partial" | "bad_length" | "bad_crc" | "bad_seq";
+
+/** Result of walking a buffer of records. */
+export interface ScanResult {
+  /** Offset just past the last valid record. */
+  end: number;
+  /** Seq of the last valid record, or `expectedSeq - 1` when none. */
+  lastSeq: number;
+  stop: ScanStop;
+}
+
+/**
+ * Walks records in `buf[start..]`, checking length, CRC and that seqs run on
+ * from `expectedSeq`; calls `visit` for each valid one. `partial` means the
+ * bytes end inside a record (read more, or a torn tail if this is all).
+ */
+export function scanRecords(
+  buf: Uint8Array,
+  start: number,
+  expectedSeq: number,
+  visit?: (seq: number, offset: number, bodyStart: number, bodyLen: number) => boolean | void,
+): ScanResult {
+  const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  let off = start;
+  let seq = expectedSeq;
+  while (true) {
+    if (off === buf.length) return { end: off, lastSeq: seq - 1, stop: "end" };
+    if (off + RECORD_HEADER_BYTES > buf.length) return { end: off, lastSeq: seq - 1, stop: "partial" };
+    const len = view.getUint32(off, true);
+    if (len === 0 || len > MAX_RECORD_BODY) return { end: off, lastSeq: seq - 1, stop: "bad_length" };
+    const end = off + RECORD_HEADER_BYTES + len;
+    if (end > buf.length) return { end: off, lastSeq: seq - 1, stop: "partial" };
+    if (view.getUint32(off + 4, true) !== Bun.hash.crc32(buf.subarray(off + 8, end))) {
+      return { end: off, lastSeq: seq - 1, stop: "bad_crc" };
+    }
+    const s = view.getUint32(off + 8, true) + view.getUint32(off + 12, true) * 0x1_0000_0000;
+    if (s !== seq) return { end: off, lastSeq: seq - 1, stop: "bad_seq" };
+    if (visit && visit(seq, off, off + RECORD_HEADER_BYTES, len) === false) {
+      return { end, lastSeq: seq, stop: "end" };
+    }
+    off = end;
+    seq++;
+  }
+}

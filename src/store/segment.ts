@@ -1,0 +1,223 @@
+/**
+ * One segment file of a channel: `<first seq, 20 digits>.log`.
+ *
+ * A segment knows its committed size and last seq, and keeps a sparse index
+ * (one entry per INDEX_INTERVAL bytes) so that a read from any seq scans at
+ * most a few KiB. Sealed segments are indexed on first read, not at open,
+ * which is what keeps opening a large log fast.
+ */
+import { open, type FileHandle } from "node:fs/promises";
+import { join } from "node:path";
+import { RECORD_HEADER_BYTES, scanRecords, type RawRecord, type ScanStop } from "./record.ts";
+
+/** Bytes between sparse index entries. */
+export const INDEX_INTERVAL = 4096;
+/** Bytes read at a time when scanning or reading. */
+const READ_CHUNK = 256 * 1024;
+const SEGMENT_RE = /^(\d{20})\.log$/;
+
+/** File name of the segment whose first record has `baseSeq`. */
+export function segmentFileName(baseSeq: number): string {
+  return `${String(baseSeq).padStart(20, "0")}.log`;
+}
+
+/** The base seq encoded in a segment file name, or null for other files. */
+export function parseSegmentFileName(name: string): number | null {
+  const m = SEGMENT_RE.exec(name);
+  return m ? Number(m[1]) : null;
+}
+
+/** What a full scan of a segment found. */
+export interface SegmentScan {
+  /** Bytes of valid records from the start of the file. */
+  validBytes: number;
+  fileBytes: number;
+  lastSeq: number;
+  stop: ScanStop;
+}
+
+/** A segment file with its committed extent and sparse index. */
+export class Segment {
+  readonly baseSeq: number;
+  readonly path: string;
+  /** Bytes of committed records (anything past it is not visible). */
+  size: number;
+  /** Seq of the last committed record (baseSeq - 1 when empty). */
+  lastSeq: number;
+  /** Last time a record was appended (ms), for age-based retention. */
+  lastWriteMs: number;
+  /** False until the sparse index covers the whole committed extent. */
+  indexed = false;
+  private idxSeq: number[] = [];
+  private idxOff: number[] = [];
+  private nextIndexOff = 0;
+  private fh: FileHandle | null = null;
+  private opening: Promise<FileHandle> | null = null;
+  private busy = 0;
+  private closeWhenIdle = false;
+
+  constructor(dir: string, baseSeq: number, size: number, lastSeq: number, lastWriteMs: number) {
+    this.baseSeq = baseSeq;
+    this.path = join(dir, segmentFileName(baseSeq));
+    this.size = size;
+    this.lastSeq = lastSeq;
+    this.lastWriteMs = lastWriteMs;
+  }
+
+  /** Number of committed records. */
+  get count(): number {
+    return this.lastSeq - this.baseSeq + 1;
+  }
+
+  /** Notes a record written at `offset`; keeps the sparse index current. */
+  noteAppended(seq: number, offset: number): void {
+    if (offset >= this.nextIndexOff) {
+      this.idxSeq.push(seq);
+      this.idxOff.push(offset);
+      this.nextIndexOff = offset + INDEX_INTERVAL;
+    }
+  }
+
+  /** Number of sparse index entries (exposed for tests and stats). */
+  get indexEntries(): number {
+    return this.idxSeq.length;
+  }
+
+  /**
+   * Scans the whole file, checking every record, and rebuilds the index.
+   * Used for the active segment at open (to find a torn tail) and for sealed
+   * segments on first read.
+   */
+  async scan(): Promise<SegmentScan> {
+    const fh = await this.handle();
+    const fileBytes = (await fh.stat()).size;
+    this.idxSeq = [];
+    this.idxOff = [];
+    this.nextIndexOff = 0;
+    let pos = 0;
+    let seq = this.baseSeq;
+    let buf = new Uint8Array(Math.min(READ_CHUNK * 16, Math.max(fileBytes, RECORD_HEADER_BYTES)));
+    let stop: ScanStop = "end";
+    while (pos < fileBytes) {
+      const chunkStart = pos;
+      const want = Math.min(buf.length, fileBytes - pos);
+      const { bytesRead } = await fh.read(buf, 0, want, pos);
+      const chunk = buf.subarray(0, bytesRead);
+      const r = scanRecords(chunk, 0, seq, (s, off) => this.noteAppended(s, chunkStart + off));
+      pos += r.end;
+      seq = r.lastSeq + 1;
+      const moreInFile = chunkStart + bytesRead < fileBytes;
+      if (r.stop === "end" && bytesRead > 0) continue;
+      if (r.stop === "partial" && moreInFile) {
+        // A record crosses the chunk edge: read on from its start, with room for all of it.
+        const rest = chunk.subarray(r.end);
+        const need = rest.length >= 4 ? new DataView(rest.buffer, rest.byteOffset).getUint32(0, true) + RECORD_HEADER_BYTES : RECORD_HEADER_BYTES;
+        if (need > buf.length) buf = new Uint8Array(need);
+        continue;
+      }
+      stop = r.stop;
+      break;
+    }
+    this.lastSeq = seq - 1;
+    this.size = pos;
+    this.indexed = true;
+    return { validBytes: pos, fileBytes, lastSeq: seq - 1, stop: pos === fileBytes ? "end" : stop };
+  }
+
+  /**
+   * Reads committed records with seq >= `fromSeq`, at most `maxCount` and
+   * about `maxBytes` (always at least one). Returns [] past the end.
+   */
+  async read(fromSeq: number, maxCount: number, maxBytes: number): Promise<RawRecord[]> {
+    if (fromSeq > this.lastSeq || maxCount <= 0) return [];
+    this.busy++;
+    try {
+      if (!this.indexed) await this.scan();
+      const out: RawRecord[] = [];
+      let [seq, pos] = this.locate(fromSeq);
+      let bytes = 0;
+      let chunkSize = Math.min(READ_CHUNK, Math.max(maxCount, 4) * 1024 + INDEX_INTERVAL);
+      const fh = await this.handle();
+      while (pos < this.size && out.length < maxCount && bytes < maxBytes) {
+        const want = Math.min(chunkSize, this.size - pos);
+        const buf = new Uint8Array(want);
+        const { bytesRead } = await fh.read(buf, 0, want, pos);
+        const chunk = buf.subarray(0, bytesRead);
+        const r = scanRecords(chunk, 0, seq, (s, _off, bodyStart, bodyLen) => {
+          if (s < fromSeq) return true;
+          out.push({ seq: s, body: chunk.subarray(bodyStart, bodyStart + bodyLen) });
+          bytes += bodyLen + RECORD_HEADER_BYTES;
+          return out.length < maxCount && bytes < maxBytes;
+        });
+        if (r.end === 0) {
+          if (r.stop === "partial" && want < this.size - pos) {
+            chunkSize = Math.min(this.size - pos, chunkSize * 4);
+            continue;
+          }
+          break; // corrupt data inside a committed extent: stop here, the caller moves on
+        }
+        pos += r.end;
+        seq = r.lastSeq + 1;
+        if (r.stop !== "end" && r.stop !== "partial") break;
+      }
+      return out;
+    } finally {
+      this.busy--;
+      if (this.busy === 0 && this.closeWhenIdle) await this.closeNow();
+    }
+  }
+
+  /** Index entry at or before `seq`: [seq, offset] to start scanning from. */
+  private locate(seq: number): [number, number] {
+    const s = this.idxSeq;
+    let lo = 0;
+    let hi = s.length - 1;
+    let best = -1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      if (s[mid]! <= seq) {
+        best = mid;
+        lo = mid + 1;
+      } else hi = mid - 1;
+    }
+    return best < 0 ? [this.baseSeq, 0] : [s[best]!, this.idxOff[best]!];
+  }
+
+  /** The file handle, opened read-write on first use. */
+  async handle(): Promise<FileHandle> {
+    if (this.fh) return this.fh;
+    this.opening ??= open(this.path, "r+").then((fh) => (this.fh = fh));
+    try {
+      return await this.opening;
+    } finally {
+      this.opening = null;
+    }
+  }
+
+  /** The already-open handle, if any (the writer keeps the active one open). */
+  get openHandle(): FileHandle | null {
+    return this.fh;
+  }
+
+  /** Adopts a freshly created handle (new active segment). */
+  adopt(fh: FileHandle): void {
+    this.fh = fh;
+    this.indexed = true;
+  }
+
+  /** Closes the handle now, or once in-flight reads finish. */
+  async close(): Promise<void> {
+    if (this.busy > 0) {
+      this.closeWhenIdle = true;
+      return;
+    }
+    await this.closeNow();
+  }
+
+  private async closeNow(): Promise<void> {
+    this.closeWhenIdle = false;
+    const fh = this.fh;
+    this.fh = null;
+    if (fh) await fh.close().catch(() => {});
+  }
+}
