@@ -48,7 +48,7 @@ export interface EnvelopeFields {
 }
 
 /** Plain msgpack, no msgpackr record extension: any decoder reads the log. */
-const packr = new Packr({ useRecords: false, moreTypes: false, int64AsType: "number" });
+const packr = new Packr({ useRecords: false, moreTypes: false, int64AsType: "number", encodeUndefinedAsNil: true });
 
 /** Longest payload type name, correlation id or service name. */
 export const MAX_LABEL_BYTES = 256;

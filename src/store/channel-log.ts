@@ -127,6 +127,17 @@ export class ChannelLog {
       segments.push(new Segment(dir, base, st.size, lastSeq, st.mtimeMs));
     }
     const active = segments[segments.length - 1]!;
+    try {
+      await ChannelLog.recoverTail(name, active, opts);
+    } catch (err) {
+      await active.close();
+      throw err;
+    }
+    return new ChannelLog(name, dir, opts, segments, active.lastSeq + 1);
+  }
+
+  /** Scans the active segment and cuts a torn or corrupt tail, saying so. */
+  private static async recoverTail(name: string, active: Segment, opts: ChannelLogOptions): Promise<void> {
     const scan = await active.scan();
     if (scan.validBytes < scan.fileBytes) {
       const cut = scan.fileBytes - scan.validBytes;
@@ -142,7 +153,6 @@ export class ChannelLog {
         last_seq: scan.lastSeq,
       });
     }
-    return new ChannelLog(name, dir, opts, segments, active.lastSeq + 1);
   }
 
   /** Seq of the oldest record still stored (== nextSeq when empty). */

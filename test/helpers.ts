@@ -1,0 +1,66 @@
+/**
+ * Shared test helpers: temporary directories, condition waits with deadlines
+ * (never fixed sleeps), and child processes whose stdout lines we collect.
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll } from "bun:test";
+
+const made: string[] = [];
+afterAll(() => {
+  if (process.env.KEEP_TMP) return;
+  for (const d of made) rmSync(d, { recursive: true, force: true });
+});
+
+/** A fresh temporary directory, removed after the test file. */
+export function tmpDir(prefix = "keyop-test-"): string {
+  const d = mkdtempSync(join(tmpdir(), prefix));
+  made.push(d);
+  return d;
+}
+
+/** Polls `cond` until it is truthy or `timeoutMs` passes (then throws with `what`). */
+export async function waitFor<T>(cond: () => T | Promise<T>, what: string, timeoutMs = 10_000, everyMs = 5): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  while (true) {
+    const v = await cond();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await Bun.sleep(everyMs);
+  }
+}
+
+/** A child process with its stdout split into lines as they arrive. */
+export interface LineChild {
+  proc: ReturnType<typeof Bun.spawn>;
+  lines: string[];
+  stderr: () => string;
+  /** Resolves when stdout ended (the process exited or was killed). */
+  done: Promise<void>;
+}
+
+/** Spawns `cmd` and collects stdout lines into `lines`. */
+export function spawnLines(cmd: string[], env: Record<string, string> = {}): LineChild {
+  const proc = Bun.spawn(cmd, { stdout: "pipe", stderr: "pipe", env: { ...process.env, ...env } });
+  const lines: string[] = [];
+  let err = "";
+  const decoder = new TextDecoder();
+  const readOut = (async () => {
+    let rest = "";
+    for await (const chunk of proc.stdout as ReadableStream<Uint8Array>) {
+      rest += decoder.decode(chunk, { stream: true });
+      const parts = rest.split("\n");
+      rest = parts.pop()!;
+      lines.push(...parts);
+    }
+    if (rest) lines.push(rest);
+  })();
+  const readErr = (async () => {
+    for await (const chunk of proc.stderr as ReadableStream<Uint8Array>) err += decoder.decode(chunk);
+  })();
+  return { proc, lines, stderr: () => err, done: Promise.all([readOut, readErr]).then(() => {}) };
+}
+
+/** The bun executable running this test (child processes use the same one). */
+export const BUN = process.execPath;

@@ -1,0 +1,265 @@
+import { describe, expect, test } from "bun:test";
+import { copyFileSync, mkdirSync, readdirSync, readFileSync, statSync, truncateSync, writeFileSync, appendFileSync } from "node:fs";
+import { join } from "node:path";
+import { ChannelLog, type ChannelLogOptions } from "../../src/store/channel-log.ts";
+import { RECORD_HEADER_BYTES } from "../../src/store/record.ts";
+import { createLogger, silentLogger, type Logger } from "../../src/observability/logger.ts";
+import { tmpDir } from "../helpers.ts";
+
+const opts = (o: Partial<ChannelLogOptions> = {}): ChannelLogOptions => ({
+  segmentBytes: 64 * 1024 * 1024,
+  sync: "always",
+  syncIntervalMs: 50,
+  tailCacheBytes: 1 << 20,
+  logger: silentLogger,
+  ...o,
+});
+const enc = new TextEncoder();
+const dec = new TextDecoder();
+const bodyOf = (i: number, pad = 0) => enc.encode(`record-${i}` + "x".repeat(pad));
+
+async function readAll(log: ChannelLog, from = log.firstSeq): Promise<{ seq: number; text: string }[]> {
+  const out: { seq: number; text: string }[] = [];
+  let next = from;
+  while (true) {
+    const got = await log.read(next, 100);
+    if (got.length === 0) return out;
+    for (const r of got) out.push({ seq: r.seq, text: dec.decode(r.body) });
+    next = got[got.length - 1]!.seq + 1;
+  }
+}
+
+function capture(): { logger: Logger; lines: string[] } {
+  const lines: string[] = [];
+  return { logger: createLogger({ level: "debug", write: (l) => lines.push(l) }), lines };
+}
+
+describe("ChannelLog", () => {
+  test("appends get consecutive seqs starting at 1 and read back intact", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts(), true);
+    expect(log.firstSeq).toBe(1);
+    expect(log.nextSeq).toBe(1);
+    const seqs = await Promise.all(Array.from({ length: 50 }, (_, i) => log.append(bodyOf(i))));
+    expect(seqs).toEqual(Array.from({ length: 50 }, (_, i) => i + 1));
+    const all = await readAll(log);
+    expect(all.map((r) => r.text)).toEqual(Array.from({ length: 50 }, (_, i) => `record-${i}`));
+    await log.close();
+  });
+
+  test("concurrent appends share fsyncs (group commit)", async () => {
+    const dir = join(tmpDir(), "c");
+    let fsyncs = 0;
+    const log = await ChannelLog.open("c", dir, opts({ onFsync: () => fsyncs++ }), true);
+    const n = 512;
+    await Promise.all(Array.from({ length: n }, (_, i) => log.append(bodyOf(i))));
+    expect(log.nextSeq).toBe(n + 1);
+    expect(fsyncs).toBeGreaterThan(0);
+    expect(fsyncs).toBeLessThan(n / 8);
+    await log.close();
+  });
+
+  test("sync none and interval acknowledge after write; interval still fsyncs on its timer", async () => {
+    for (const sync of ["none", "interval"] as const) {
+      const dir = join(tmpDir(), sync);
+      let fsyncs = 0;
+      const log = await ChannelLog.open("c", dir, opts({ sync, syncIntervalMs: 10, onFsync: () => fsyncs++ }), true);
+      await log.append(bodyOf(1));
+      expect(fsyncs).toBe(0);
+      if (sync === "interval") {
+        const deadline = Date.now() + 5000;
+        while (fsyncs === 0 && Date.now() < deadline) await Bun.sleep(5);
+        expect(fsyncs).toBeGreaterThan(0);
+      }
+      await log.close();
+      const re = await ChannelLog.open("c", dir, opts());
+      expect((await readAll(re)).map((r) => r.text)).toEqual(["record-1"]);
+      await re.close();
+    }
+  });
+
+  test("segments roll at segmentBytes, are named by first seq, and sealed ones are never rewritten", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), true);
+    for (let i = 0; i < 100; i++) await log.append(bodyOf(i, 100));
+    const files = readdirSync(dir).sort();
+    expect(files.length).toBeGreaterThan(3);
+    expect(files[0]).toBe("00000000000000000001.log");
+    for (const f of files) expect(statSync(join(dir, f)).size).toBeLessThanOrEqual(4096);
+    const sealed = files.slice(0, -1).map((f) => readFileSync(join(dir, f)));
+    for (let i = 100; i < 150; i++) await log.append(bodyOf(i, 100));
+    files.slice(0, -1).forEach((f, i) => expect(readFileSync(join(dir, f)).equals(sealed[i]!)).toBe(true));
+    // Each file name is the seq of its first record.
+    const re = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }));
+    const all = await readAll(re);
+    expect(all.length).toBe(150);
+    expect(all.every((r, i) => r.seq === i + 1 && r.text.startsWith(`record-${i}x`))).toBe(true);
+    await re.close();
+    await log.close();
+  });
+
+  test("a read from any seq lands on that seq (sparse index), across segments", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 64 * 1024, tailCacheBytes: 0 }), true);
+    await Promise.all(Array.from({ length: 3000 }, (_, i) => log.append(bodyOf(i, 40))));
+    await log.close();
+    const re = await ChannelLog.open("c", dir, opts({ segmentBytes: 64 * 1024, tailCacheBytes: 0 }));
+    for (const from of [1, 2, 77, 1000, 1499, 1500, 2999, 3000]) {
+      const got = await re.read(from, 3);
+      expect(got.map((r) => r.seq)).toEqual([from, from + 1, from + 2].filter((s) => s <= 3000));
+      expect(dec.decode(got[0]!.body)).toStartWith(`record-${from - 1}x`);
+    }
+    expect(await re.read(3001)).toEqual([]);
+    await re.close();
+  });
+
+  test("tail cache and disk give the same records", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts({ tailCacheBytes: 500 }), true);
+    for (let i = 0; i < 200; i++) await log.append(bodyOf(i));
+    const fromCache = await log.read(190, 100);
+    const fromDisk = await log.read(1, 200);
+    expect(fromCache.map((r) => dec.decode(r.body))).toEqual(fromDisk.slice(189).map((r) => dec.decode(r.body)));
+    expect(log.appendedAt(200)).toBeNumber();
+    expect(log.appendedAt(1)).toBeUndefined();
+    await log.close();
+  });
+
+  test("commit listeners fire after records become readable", async () => {
+    const log = await ChannelLog.open("c", join(tmpDir(), "c"), opts(), true);
+    const seen: [number, number][] = [];
+    log.onCommit((a, b) => {
+      seen.push([a, b]);
+    });
+    await log.append(bodyOf(1));
+    expect(seen).toEqual([[1, 2]]);
+    expect((await log.read(1)).length).toBe(1);
+    await log.close();
+  });
+
+  test("torn tail: cut at every byte of the last records, reopen keeps whole records and appends work", async () => {
+    const base = tmpDir();
+    const src = join(base, "src");
+    const log = await ChannelLog.open("c", src, opts(), true);
+    for (let i = 0; i < 30; i++) await log.append(bodyOf(i, i));
+    await log.close();
+    const seg = join(src, "00000000000000000001.log");
+    const full = readFileSync(seg);
+    const ends: number[] = [];
+    let off = 0;
+    for (let i = 0; i < 30; i++) ends.push((off += RECORD_HEADER_BYTES + bodyOf(i, i).length));
+    const positions = new Set<number>();
+    for (let p = ends[26]!; p <= full.length; p++) positions.add(p);
+    for (let k = 0; k < 40; k++) positions.add(Math.floor(Math.random() * full.length));
+    let reported = 0;
+    for (const cut of positions) {
+      const dir = join(base, `cut-${cut}`);
+      mkdirSync(dir);
+      writeFileSync(join(dir, "00000000000000000001.log"), full.subarray(0, cut));
+      const { logger, lines } = capture();
+      const re = await ChannelLog.open("c", dir, opts({ logger }));
+      const whole = ends.filter((e) => e <= cut).length;
+      expect(re.nextSeq).toBe(whole + 1);
+      const all = await readAll(re);
+      expect(all.map((r) => r.text)).toEqual(Array.from({ length: whole }, (_, i) => `record-${i}` + "x".repeat(i)));
+      const cutBytes = cut - (ends[whole - 1] ?? 0);
+      if (cutBytes > 0) {
+        reported++;
+        expect(lines.some((l) => l.includes("recovered torn tail") && l.includes(`"cut_bytes":${cutBytes}`))).toBe(true);
+      }
+      expect(await re.append(enc.encode("after"))).toBe(whole + 1);
+      await re.close();
+      const again = await ChannelLog.open("c", dir, opts());
+      expect((await readAll(again)).map((r) => r.text).at(-1)).toBe("after");
+      await again.close();
+    }
+    expect(reported).toBeGreaterThan(20);
+  });
+
+  test("corruption in the active segment cuts from the corrupt record; a zero-filled tail is cut too", async () => {
+    const base = tmpDir();
+    const dir = join(base, "c");
+    const log = await ChannelLog.open("c", dir, opts(), true);
+    for (let i = 0; i < 10; i++) await log.append(bodyOf(i));
+    await log.close();
+    const seg = join(dir, "00000000000000000001.log");
+    appendFileSync(seg, new Uint8Array(4096));
+    let re = await ChannelLog.open("c", dir, opts());
+    expect(re.nextSeq).toBe(11);
+    await re.close();
+    const before = statSync(seg).size;
+    expect(before).toBe(10 * (RECORD_HEADER_BYTES + bodyOf(0).length));
+    const bytes = readFileSync(seg);
+    const rec = RECORD_HEADER_BYTES + bodyOf(0).length;
+    bytes[rec * 6 + 20]! ^= 0xff; // inside record 7's body
+    writeFileSync(seg, bytes);
+    re = await ChannelLog.open("c", dir, opts());
+    expect(re.nextSeq).toBe(7);
+    expect((await readAll(re)).length).toBe(6);
+    await re.close();
+  });
+
+  test("a lot of segments open without scanning the sealed ones", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096, sync: "none" }), true);
+    await Promise.all(Array.from({ length: 2000 }, (_, i) => log.append(bodyOf(i, 50))));
+    await log.close();
+    const segs = readdirSync(dir).length;
+    expect(segs).toBeGreaterThan(20);
+    // Corrupt a sealed segment's middle: open must not notice (lazy), a read there must stop at the damage.
+    const second = readdirSync(dir).sort()[1]!;
+    const p = join(dir, second);
+    const b = readFileSync(p);
+    b[200]! ^= 0xff;
+    writeFileSync(p, b);
+    const re = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096, tailCacheBytes: 0 }));
+    expect(re.nextSeq).toBe(2001);
+    const firstOfSecond = Number(second.slice(0, 20));
+    const got = await re.read(firstOfSecond, 1000);
+    expect(got.length).toBeGreaterThan(0);
+    expect(got.every((r, i) => r.seq === firstOfSecond + i)).toBe(true);
+    expect(got.length).toBeLessThan(4096 / 60);
+    await re.close();
+  });
+
+  test("retention by bytes removes the oldest sealed segments, never the active one", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), true);
+    for (let i = 0; i < 300; i++) await log.append(bodyOf(i, 100));
+    const segs = log.segmentCount;
+    const r = await log.applyRetention({ maxBytes: 3 * 4096, pinnedSeq: 1 });
+    expect(r.removedSegments).toBe(segs - 3);
+    expect(log.bytes).toBeLessThanOrEqual(3 * 4096);
+    expect(log.firstSeq).toBe(r.firstSeq);
+    expect(r.removedRecords).toBe(r.firstSeq - 1);
+    const all = await readAll(log, 1);
+    expect(all[0]!.seq).toBe(r.firstSeq);
+    expect(all.at(-1)!.seq).toBe(300);
+    const tiny = await log.applyRetention({ maxBytes: 1, pinnedSeq: 1 });
+    expect(log.segmentCount).toBe(1);
+    expect(tiny.firstSeq).toBeLessThanOrEqual(300);
+    await log.close();
+  });
+
+  test("retention by age keeps segments a cursor still needs", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), true);
+    for (let i = 0; i < 200; i++) await log.append(bodyOf(i, 100));
+    await Bun.sleep(5); // ages must exceed 1 ms
+    const pinned = await log.applyRetention({ maxAgeMs: 1, pinnedSeq: 1 });
+    expect(pinned.removedSegments).toBe(0);
+    const partly = await log.applyRetention({ maxAgeMs: 1, pinnedSeq: 60 });
+    expect(partly.removedSegments).toBeGreaterThan(0);
+    expect(log.firstSeq).toBeLessThanOrEqual(60);
+    const all = await log.applyRetention({ maxAgeMs: 1, pinnedSeq: 201 });
+    expect(log.segmentCount).toBe(1);
+    expect(all.firstSeq).toBe(log.firstSeq);
+    await log.close();
+  });
+
+  test("a closed log refuses appends with a typed error", async () => {
+    const log = await ChannelLog.open("c", join(tmpDir(), "c"), opts(), true);
+    await log.close();
+    await expect(log.append(bodyOf(1))).rejects.toMatchObject({ code: "closed" });
+  });
+});
