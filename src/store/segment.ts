@@ -46,6 +46,11 @@ export class Segment {
   lastSeq: number;
   /** Last time a record was appended (ms), for age-based retention. */
   lastWriteMs: number;
+  /**
+   * File size on disk: committed records plus preallocated zeros after them
+   * (active segment only; sealed segments are cut to `size`).
+   */
+  allocated: number;
   /** False until the sparse index covers the whole committed extent. */
   indexed = false;
   private idxSeq: number[] = [];
@@ -62,6 +67,7 @@ export class Segment {
     this.size = size;
     this.lastSeq = lastSeq;
     this.lastWriteMs = lastWriteMs;
+    this.allocated = size;
   }
 
   /** Number of committed records. */

@@ -1,10 +1,10 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Messenger } from "../../src/index.ts";
 import { DiskFullError } from "../../src/errors.ts";
 import { createLogger } from "../../src/observability/logger.ts";
-import { tmpDir } from "../helpers.ts";
 
 /** Mounts a 2 MiB tmpfs, or returns why it cannot. */
 function mountTmpfs(dir: string): string | null {
@@ -12,11 +12,13 @@ function mountTmpfs(dir: string): string | null {
   return r.exitCode === 0 ? null : `mount failed: ${r.stderr.toString().trim() || `exit ${r.exitCode}`}`;
 }
 
-const mnt = tmpDir("keyop-tmpfs-");
+// Not a tmpDir(): the mount must be gone before the directory is removed.
+const mnt = mkdtempSync(join(tmpdir(), "keyop-tmpfs-"));
 const skipReason = process.platform !== "linux" ? "not Linux" : mountTmpfs(mnt);
 if (skipReason) console.log(`SKIP disk-full test: cannot mount tmpfs (${skipReason})`);
 afterAll(() => {
   if (!skipReason) Bun.spawnSync(["umount", mnt]);
+  rmSync(mnt, { recursive: true, force: true });
 });
 
 describe.skipIf(skipReason !== null)("disk full", () => {

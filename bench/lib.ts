@@ -1,0 +1,68 @@
+/**
+ * Benchmark plumbing shared by every bench script: timing helpers, exact
+ * percentiles over recorded samples, the printed table and the JSON file
+ * under bench/results/.
+ */
+import { mkdirSync, writeFileSync } from "node:fs";
+import { cpus, totalmem } from "node:os";
+import { join } from "node:path";
+
+/** One row of a results table. */
+export interface Row {
+  group: string;
+  metric: string;
+  value: number;
+  unit: string;
+  /** What the figure is compared with, and the target, in words. */
+  note?: string;
+}
+
+/** Exact quantile of `samples` (sorted in place). */
+export function quantile(samples: number[], q: number): number {
+  if (samples.length === 0) return NaN;
+  samples.sort((a, b) => a - b);
+  return samples[Math.min(samples.length - 1, Math.max(0, Math.ceil(q * samples.length) - 1))]!;
+}
+
+/** Formats a number for the table: 3 significant digits, thousands separated. */
+export function fmt(v: number): string {
+  if (!Number.isFinite(v)) return String(v);
+  if (Math.abs(v) >= 1000) return Math.round(v).toLocaleString("en-US");
+  return Number(v.toPrecision(3)).toString();
+}
+
+/** Prints rows as an aligned table. */
+export function printTable(title: string, rows: Row[]): void {
+  const w = [5, 6, 5, 4].map((n, i) => Math.max(n, ...rows.map((r) => [r.group, r.metric, fmt(r.value), r.unit][i]!.length)));
+  console.log(`\n${title}`);
+  const line = (c: string[]) => console.log(c.map((s, i) => (i === 2 ? s.padStart(w[i]!) : s.padEnd(w[i]!))).join("  ").trimEnd());
+  line(["group", "metric", "value", "unit", "note"]);
+  line(w.map((n) => "-".repeat(n)).concat("----"));
+  for (const r of rows) line([r.group, r.metric, fmt(r.value), r.unit, r.note ?? ""]);
+}
+
+/** The machine and runtime, stated next to every figure. */
+export function machine(): Record<string, unknown> {
+  return {
+    cpus: cpus().length,
+    cpu_model: cpus()[0]?.model,
+    mem_gb: Math.round(totalmem() / 2 ** 30),
+    bun: Bun.version,
+    platform: `${process.platform}-${process.arch}`,
+  };
+}
+
+/** Writes `bench/results/<date>-<name>.json` and returns its path. */
+export function writeResults(name: string, rows: Row[], extra: Record<string, unknown> = {}): string {
+  const dir = join(import.meta.dir, "results");
+  mkdirSync(dir, { recursive: true });
+  const stamp = new Date().toISOString().replace(/[:]/g, "").replace(/\..*/, "");
+  const path = join(dir, `${stamp}-${name}.json`);
+  writeFileSync(path, JSON.stringify({ name, at: new Date().toISOString(), machine: machine(), rows, ...extra }, null, 2) + "\n");
+  return path;
+}
+
+/** Resident set size of this process in MB. */
+export function rssMB(): number {
+  return process.memoryUsage().rss / 2 ** 20;
+}
