@@ -137,13 +137,17 @@ function probe(dir: string, consume: boolean): Record<string, number> {
 export async function benchStorage(opts: { quick?: boolean } = {}): Promise<Row[]> {
   const secs = opts.quick ? 1 : 3;
   const rows: Row[] = [];
-  const floor = await bareFsync(secs);
+  // The disk of a shared VM drifts: bracket the durable figures with two floor runs and use their mean.
+  const f1 = await bareFsync(secs);
+  const seq1 = await publishRate("always", 1, secs);
+  const f2 = await bareFsync(secs);
+  const floor = { syncOpsPerSec: (f1.syncOpsPerSec + f2.syncOpsPerSec) / 2, promiseOpsPerSec: (f1.promiseOpsPerSec + f2.promiseOpsPerSec) / 2 };
   const floorUs = 1e6 / floor.syncOpsPerSec;
-  rows.push({ group: "floor", metric: "write+fdatasync (sync calls)", value: floor.syncOpsPerSec, unit: "ops/s", note: `${floorUs.toFixed(0)} µs each` });
+  rows.push({ group: "floor", metric: "write+fdatasync (sync calls)", value: floor.syncOpsPerSec, unit: "ops/s", note: `${floorUs.toFixed(0)} µs each (mean of runs before and after: ${f1.syncOpsPerSec.toFixed(0)}, ${f2.syncOpsPerSec.toFixed(0)})` });
   rows.push({ group: "floor", metric: "write+fdatasync (promise datasync)", value: floor.promiseOpsPerSec, unit: "ops/s", note: `${(1e6 / floor.promiseOpsPerSec).toFixed(0)} µs each` });
   for (const sync of ["always", "interval", "none"] as const) {
     for (const workers of [1, 64]) {
-      const rate = await publishRate(sync, workers, secs);
+      const rate = sync === "always" && workers === 1 ? seq1 : await publishRate(sync, workers, secs);
       let note = "";
       if (sync === "always" && workers === 1) note = `${(1e6 / rate).toFixed(0)} µs each = ${(floor.syncOpsPerSec / rate).toFixed(2)}x floor (target <= 1.5x)`;
       if (sync === "always" && workers === 64) note = "target >= 100,000";
