@@ -20,7 +20,14 @@ export type ErrorCode =
   | "closed"
   | "unknown_subscriber"
   | "decode_failed"
-  | "invalid_config";
+  | "invalid_config"
+  | "unknown_channel"
+  | "bad_request"
+  | "not_found"
+  | "method_not_allowed"
+  | "unsupported_media_type"
+  | "shutting_down"
+  | "in_use";
 
 /** Base class so callers can catch every keyop error with one `instanceof`. */
 export class KeyopError extends Error {
@@ -132,4 +139,25 @@ export function ioErrorFrom(err: unknown, what: string): KeyopError {
   if (code === "ENOSPC" || code === "EDQUOT") return new DiskFullError(`${what}: disk full`, err);
   const msg = err instanceof Error ? err.message : String(err);
   return new IoError(`${what}: ${msg}`, err);
+}
+
+/** The HTTP request itself is malformed (bad JSON, bad query parameter). */
+export class BadRequestError extends KeyopError {
+  constructor(message: string) {
+    super("bad_request", message);
+  }
+}
+
+/** A channel named by an ack or delete does not exist. */
+export class UnknownChannelError extends KeyopError {
+  constructor(channel: string) {
+    super("unknown_channel", `no channel "${channel}"`);
+  }
+}
+
+/** Something else already serves the socket or port we were told to use. */
+export class InUseError extends KeyopError {
+  constructor(message: string) {
+    super("in_use", message);
+  }
 }

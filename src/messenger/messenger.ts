@@ -25,6 +25,9 @@ import { join } from "node:path";
 import { resolveConfig, type MessengerConfig, type ResolvedConfig } from "./config.ts";
 import { currentContext } from "./context.ts";
 import { Subscription, type Handler, type SubscribeOptions, type SubscriptionHost } from "./subscription.ts";
+import { DurableSubscriber, type DurableSubscriberHost } from "./durable-subscriber.ts";
+import { UnknownSubscriberError } from "../errors.ts";
+import type { CursorState } from "../store/cursor-store.ts";
 
 /** Per-publish overrides of the context fields. */
 export interface PublishOptions {
@@ -52,6 +55,7 @@ export interface BatchEntry {
 export interface ChannelCounters {
   published: number;
   delivered: number;
+  acked: number;
   redelivered: number;
   failed: number;
   deadLettered: number;
@@ -91,7 +95,7 @@ export interface MessengerStats {
 /** Decoder of a registered payload type: returns the typed value or throws. */
 export type PayloadDecoder<T = unknown> = (payload: unknown) => T;
 
-const zeroCounters = (): ChannelCounters => ({ published: 0, delivered: 0, redelivered: 0, failed: 0, deadLettered: 0 });
+const zeroCounters = (): ChannelCounters => ({ published: 0, delivered: 0, acked: 0, redelivered: 0, failed: 0, deadLettered: 0 });
 
 /** Durable local pub/sub. Create with `Messenger.open`. */
 export class Messenger {
@@ -105,6 +109,10 @@ export class Messenger {
   private readonly decoders = new Map<string, PayloadDecoder | undefined>();
   private readonly counters = new Map<string, ChannelCounters>();
   private readonly host: SubscriptionHost;
+  private readonly readerHost: DurableSubscriberHost;
+  private readonly readers = new Map<string, DurableSubscriber>();
+  private readonly matchCache = new Map<string, ChannelLog[]>();
+  private readonly channelWatchers = new Set<{ pattern: string; fn: () => void }>();
   private readonly publishLatency = new Histogram();
   private readonly handlerLatency = new Histogram();
   private readonly fsyncLatency: Histogram;
@@ -129,13 +137,32 @@ export class Messenger {
       noteDelivered: (channel, ms, redelivery) => {
         const c = self.countersOf(channel);
         c.delivered++;
+        c.acked++;
         if (redelivery) c.redelivered++;
         if (ms !== undefined) self.handlerLatency.record(ms);
       },
       noteFailed: (channel) => self.countersOf(channel).failed++,
     };
+    this.readerHost = {
+      cursors,
+      logger: cfg.logger,
+      matchingLogs: (pattern) => self.matchingLogs(pattern),
+      onMatchingChannel: (pattern, fn) => {
+        const w = { pattern, fn };
+        self.channelWatchers.add(w);
+        return () => self.channelWatchers.delete(w);
+      },
+      noteSent: (channel, count, redelivered) => {
+        const c = self.countersOf(channel);
+        c.delivered += count;
+        c.redelivered += redelivered;
+      },
+      noteAcked: (channel, count) => void (self.countersOf(channel).acked += count),
+    };
     store.onChannelCreated((log) => {
+      this.matchCache.clear();
       for (const sub of this.subs.values()) if (this.matcher(sub.pattern)(log.name)) sub.attach(log);
+      for (const w of [...this.channelWatchers]) if (this.matcher(w.pattern)(log.name)) w.fn();
     });
     if (cfg.retention.maxAgeMs !== undefined || cfg.retention.maxBytes !== undefined) {
       this.retentionTimer = setInterval(() => void this.runRetention().catch(() => {}), cfg.retentionCheckMs);
@@ -273,24 +300,84 @@ export class Messenger {
     }
     const key = cursorKey(pattern, name);
     if (this.subs.has(key)) throw new InvalidArgumentError(`subscriber ${name} on ${pattern} is already running`);
-    const matches = this.matcher(pattern);
-    let state = this.cursorStore.get(pattern, name);
-    if (!state) {
-      state = this.cursorStore.create(pattern, name, from);
-      for (const log of this.store.all()) {
-        if (!matches(log.name)) continue;
-        const start = from === "latest" ? log.nextSeq : from === "earliest" ? log.firstSeq : Math.max(from, log.firstSeq);
-        this.cursorStore.set(state, log.name, start);
-      }
-      // Channels created from now on start at their beginning.
-      state.from = typeof from === "number" ? from : "earliest";
-    }
+    const state = this.cursorStore.get(pattern, name) ?? this.createSubscriber(pattern, name, from);
     const maxRetries = opts.maxRetries ?? this.cfg.maxRetries;
     const serviceName = opts.serviceName ?? currentContext()?.serviceName ?? this.cfg.serviceName;
     const sub = new Subscription(this.host, state, handler as Handler<any>, serviceName, maxRetries);
     this.subs.set(key, sub);
-    for (const log of this.store.all()) if (matches(log.name)) sub.attach(log);
+    for (const log of this.matchingLogs(pattern)) sub.attach(log);
     return sub;
+  }
+
+  /** A new durable subscriber positioned per `from` on the channels that exist now. */
+  private createSubscriber(pattern: string, name: string, from: StartFrom): CursorState {
+    const state = this.cursorStore.create(pattern, name, from);
+    for (const log of this.matchingLogs(pattern)) {
+      const start = from === "latest" ? log.nextSeq : from === "earliest" ? log.firstSeq : Math.max(from, log.firstSeq);
+      this.cursorStore.set(state, log.name, start);
+    }
+    // Channels created from now on start at their beginning.
+    state.from = typeof from === "number" ? from : "earliest";
+    this.cfg.logger.info("subscriber created", { subscriber: name, pattern, from });
+    return state;
+  }
+
+  /**
+   * A handle on a durable subscriber consumed by pull or stream (no
+   * handler), created at `from` unless it exists or `create` is false
+   * (then `UnknownSubscriberError`).
+   */
+  openSubscriber(pattern: string, name: string, opts: { from?: StartFrom; create?: boolean } = {}): DurableSubscriber {
+    if (this.state !== "open") throw new ClosedError();
+    assertPattern(pattern);
+    assertName(name);
+    const key = cursorKey(pattern, name);
+    const existing = this.readers.get(key);
+    if (existing && this.cursorStore.get(pattern, name)) return existing;
+    let state = this.cursorStore.get(pattern, name);
+    if (!state) {
+      if (opts.create === false) throw new UnknownSubscriberError(`no subscriber "${name}" on ${pattern}`);
+      const from = opts.from ?? "latest";
+      if (!(from === "latest" || from === "earliest" || (Number.isInteger(from) && (from as number) >= 1))) {
+        throw new InvalidArgumentError(`from must be "earliest", "latest" or a seq >= 1`);
+      }
+      state = this.createSubscriber(pattern, name, from);
+    }
+    const handle = new DurableSubscriber(this.readerHost, state);
+    this.readers.set(key, handle);
+    return handle;
+  }
+
+  /**
+   * The subscriber an ack on `channel` by `name` means: the one on exactly
+   * that channel, else the single pattern subscriber of that name matching
+   * it. Throws `UnknownSubscriberError` when there is none (or several).
+   */
+  resolveSubscriber(channel: string, name: string): DurableSubscriber {
+    if (this.cursorStore.get(channel, name)) return this.openSubscriber(channel, name, { create: false });
+    const candidates = this.cursorStore.list().filter((s) => s.name === name && this.matcher(s.pattern)(channel));
+    if (candidates.length === 1) return this.openSubscriber(candidates[0]!.pattern, name, { create: false });
+    if (candidates.length > 1) {
+      throw new UnknownSubscriberError(`subscriber "${name}" is ambiguous on ${channel}: patterns ${candidates.map((c) => c.pattern).join(", ")}; ack on the pattern path`);
+    }
+    throw new UnknownSubscriberError(`no subscriber "${name}" on ${channel}`);
+  }
+
+  /** The log of an existing channel (undefined if it does not exist). */
+  channelLog(channel: string): ChannelLog | undefined {
+    return this.store.get(channel);
+  }
+
+  /** Logs of existing channels matching `pattern` (cached until a channel is created). */
+  private matchingLogs(pattern: string): ChannelLog[] {
+    let logs = this.matchCache.get(pattern);
+    if (!logs) {
+      const m = this.matcher(pattern);
+      logs = this.store.all().filter((l) => m(l.name));
+      if (this.matchCache.size > 1000) this.matchCache.clear();
+      this.matchCache.set(pattern, logs);
+    }
+    return logs;
   }
 
   /**
@@ -301,12 +388,16 @@ export class Messenger {
     const key = cursorKey(sub.pattern, sub.name);
     if (this.subs.get(key) === sub) this.subs.delete(key);
     await sub.stop();
-    if (opts.deleteCursor) await this.cursorStore.delete(sub.pattern, sub.name);
+    if (opts.deleteCursor) {
+      this.readers.delete(key);
+      await this.cursorStore.delete(sub.pattern, sub.name);
+    }
     else await this.cursorStore.flush();
   }
 
   /** Removes a durable subscriber (stopping it if running); false if unknown. */
   async deleteSubscriber(pattern: string, name: string): Promise<boolean> {
+    this.readers.delete(cursorKey(pattern, name));
     const sub = this.subs.get(cursorKey(pattern, name));
     if (sub) {
       this.subs.delete(cursorKey(pattern, name));
@@ -403,6 +494,16 @@ export class Messenger {
         fsync: this.fsyncLatency.summary(),
       },
     };
+  }
+
+  /** The latency histograms behind `stats().latency`, for metric exposition. */
+  histograms(): { publishToDisk: Histogram; publishToHandler: Histogram; fsync: Histogram } {
+    return { publishToDisk: this.publishLatency, publishToHandler: this.handlerLatency, fsync: this.fsyncLatency };
+  }
+
+  /** The resolved configuration (read-only use). */
+  get config(): Readonly<ResolvedConfig> {
+    return this.cfg;
   }
 
   /**

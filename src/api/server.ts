@@ -1,0 +1,236 @@
+/**
+ * The local API: HTTP/1.1 (and WebSocket) over a Unix socket (SPEC §4.2).
+ *
+ * Routing is by hand on purpose: the path is split on "/" before each
+ * segment is percent-decoded, so `..%2F..%2Fetc` stays one segment and then
+ * fails channel validation; no request can name a file.
+ */
+import { chmod, unlink } from "node:fs/promises";
+import type { Server } from "bun";
+import { assertChannel, assertName, assertPattern } from "../envelope/names.ts";
+import { BadRequestError, KeyopError } from "../errors.ts";
+import type { Messenger } from "../messenger/messenger.ts";
+import type { Logger } from "../observability/logger.ts";
+import { renderMetrics, type ExtraGauges } from "../observability/metrics.ts";
+import { boolParam, errorBody, errorResponse, fromParam, intParam, json, requiredParam, statusOf } from "./http.ts";
+import { handlePublish, type PublishLimits } from "./publish.ts";
+import { prepareSocketPath } from "./socket-file.ts";
+import { StreamRegistry, StreamSession, streamResponse, wsHandlers, type WsData } from "./stream.ts";
+import { handleAck, handleDeleteSubscriber, handlePull } from "./subscribers.ts";
+
+/** What the API server needs. */
+export interface ApiServerOptions {
+  socketPath: string;
+  socketMode: number;
+  messenger: Messenger;
+  limits: PublishLimits;
+  logger: Logger;
+  /** Fields the agent adds to /v1/status (version, links, ...). */
+  status: () => Record<string, unknown>;
+  /** Gauges the agent adds to /metrics. */
+  gauges?: () => ExtraGauges;
+}
+
+/** A running API server. */
+export class ApiServer {
+  private readonly opts: ApiServerOptions;
+  private server: Server<WsData> | null = null;
+  private readonly streams = new StreamRegistry();
+  private draining = false;
+  private inflight = 0;
+  private idle: (() => void) | null = null;
+
+  private constructor(opts: ApiServerOptions) {
+    this.opts = opts;
+  }
+
+  /** Probes and replaces a stale socket file, listens, and sets the file mode. */
+  static async start(opts: ApiServerOptions): Promise<ApiServer> {
+    const api = new ApiServer(opts);
+    const how = await prepareSocketPath(opts.socketPath);
+    if (how === "stale-removed") opts.logger.warn("removed stale socket file from an earlier run", { socket: opts.socketPath });
+    // Create the socket with the final mode already in force, not world-accessible for a moment.
+    const old = process.umask(0o777 & ~opts.socketMode);
+    try {
+      api.server = Bun.serve<WsData>({
+        unix: opts.socketPath,
+        maxRequestBodySize: Math.max(opts.limits.maxBatchBytes, opts.limits.maxMessageBytes) + 1024,
+        fetch: (req, server) => api.handle(req, server),
+        websocket: wsHandlers,
+        error: (err) => errorResponse(err),
+      });
+    } finally {
+      process.umask(old);
+    }
+    await chmod(opts.socketPath, opts.socketMode);
+    opts.logger.info("api listening", { socket: opts.socketPath, mode: "0" + opts.socketMode.toString(8) });
+    return api;
+  }
+
+  /** Requests being handled now (streams included). */
+  get requestsInFlight(): number {
+    return this.inflight;
+  }
+
+  /** Open NDJSON, SSE and WebSocket streams. */
+  get openStreams(): number {
+    return this.streams.size;
+  }
+
+  private async handle(req: Request, server: Server<WsData>): Promise<Response | undefined> {
+    if (this.draining) return errorBody(503, "shutting_down", "keyop is shutting down");
+    this.inflight++;
+    try {
+      return await this.route(req, server);
+    } catch (err) {
+      const status = statusOf(err);
+      if (status >= 500 && !(err instanceof KeyopError && err.code === "disk_full")) {
+        this.opts.logger.error("request failed", { method: req.method, path: new URL(req.url).pathname, error: String(err) });
+      }
+      return errorResponse(err);
+    } finally {
+      this.inflight--;
+      if (this.inflight === 0) this.idle?.();
+    }
+  }
+
+  private async route(req: Request, server: Server<WsData>): Promise<Response | undefined> {
+    const url = new URL(req.url);
+    const m = this.opts.messenger;
+    const raw = url.pathname.split("/").slice(1);
+    let seg: string[];
+    try {
+      seg = raw.map(decodeURIComponent);
+    } catch {
+      throw new BadRequestError("path is not valid percent-encoding");
+    }
+    const method = req.method;
+    const p = seg.join("/");
+    if (p === "healthz") return only(method, "GET") ?? new Response("ok\n", { headers: { "content-type": "text/plain" } });
+    if (p === "metrics") {
+      return only(method, "GET") ?? new Response(renderMetrics(m, this.gauges()), { headers: { "content-type": "text/plain; version=0.0.4" } });
+    }
+    if (p === "v1/status") return only(method, "GET") ?? json(200, this.status());
+    if (p === "v1/channels") return only(method, "GET") ?? json(200, this.channels());
+    if (seg[0] !== "v1" || seg[1] !== "channels" || seg.length < 4) return errorBody(404, "not_found", `no route for ${url.pathname}`);
+    const target = seg[2]!;
+    const rest = seg.slice(3).join("/");
+    if (rest === "messages") {
+      if (method === "POST") {
+        assertChannel(target);
+        return handlePublish(req, target, m, this.opts.limits);
+      }
+      if (method === "GET") {
+        assertPattern(target);
+        if (url.searchParams.get("wait")) server.timeout(req, 0); // a long-poll may outlast the idle timeout
+        return handlePull(req, url, target, m);
+      }
+      return methodNotAllowed("GET, POST");
+    }
+    if (rest === "stream") {
+      if (method !== "GET") return methodNotAllowed("GET");
+      assertPattern(target);
+      return this.openStream(req, url, target, server);
+    }
+    if (seg[3] === "subscribers" && seg.length === 5) {
+      assertPattern(target);
+      assertName(seg[4]);
+      if (method === "DELETE") return handleDeleteSubscriber(target, seg[4], m);
+      return methodNotAllowed("DELETE");
+    }
+    if (seg[3] === "subscribers" && seg.length === 6 && seg[5] === "ack") {
+      assertPattern(target);
+      assertName(seg[4]);
+      if (method === "POST") return handleAck(req, target, seg[4], m);
+      return methodNotAllowed("POST");
+    }
+    return errorBody(404, "not_found", `no route for ${url.pathname}`);
+  }
+
+  private openStream(req: Request, url: URL, pattern: string, server: Server<WsData>): Response | undefined {
+    const name = requiredParam(url, "subscriber");
+    const maxInflight = intParam(url, "max_inflight", 100, 1, 100_000);
+    const autoAck = boolParam(url, "auto_ack");
+    const sub = this.opts.messenger.openSubscriber(pattern, name, { from: fromParam(url) });
+    const session = new StreamSession(sub, this.opts.messenger, { maxInflight, autoAck });
+    if (req.headers.get("upgrade")?.toLowerCase() === "websocket") {
+      if (server.upgrade(req, { data: { session, registry: this.streams, logger: this.opts.logger } })) return undefined;
+      throw new BadRequestError("websocket upgrade failed");
+    }
+    server.timeout(req, 0); // streams stay open; keep-alives flow every HEARTBEAT_MS
+    this.streams.add(session);
+    const sse = (req.headers.get("accept") ?? "").includes("text/event-stream");
+    return streamResponse(sse ? "sse" : "ndjson", session, this.streams);
+  }
+
+  private channels(): unknown {
+    const st = this.opts.messenger.stats();
+    return {
+      channels: st.channels.map((c) => ({
+        channel: c.channel,
+        first_seq: c.firstSeq,
+        next_seq: c.nextSeq,
+        messages: c.messages,
+        bytes: c.bytes,
+        segments: c.segments,
+        published: c.published,
+        delivered: c.delivered,
+        acked: c.acked,
+        dead_lettered: c.deadLettered,
+        subscribers: c.subscribers.map((s) => ({ name: s.name, pattern: s.pattern, cursor: s.cursor, lag: s.lag, skipped: s.skipped, active: s.active })),
+      })),
+    };
+  }
+
+  private status(): Record<string, unknown> {
+    const st = this.opts.messenger.stats();
+    return {
+      ...this.opts.status(),
+      storage: { channels: st.totals.channels, messages: st.totals.messages, bytes: st.totals.bytes, subscribers: st.totals.subscribers },
+      api: { socket: this.opts.socketPath, requests_in_flight: this.inflight, streams: this.streams.size },
+    };
+  }
+
+  private gauges(): ExtraGauges {
+    return {
+      keyop_api_requests_in_flight: { help: "HTTP requests being handled on the API socket.", value: this.inflight },
+      keyop_api_streams: { help: "Open NDJSON, SSE and WebSocket streams.", value: this.streams.size },
+      ...this.opts.gauges?.(),
+    };
+  }
+
+  /**
+   * Stops taking requests (new ones get 503), ends open streams, waits up to
+   * `graceMs` for requests in flight (publishes finish their durable write),
+   * closes the listener and removes the socket file.
+   */
+  async stop(graceMs = 10_000): Promise<void> {
+    if (!this.server) return;
+    this.draining = true;
+    this.streams.closeAll();
+    if (this.inflight > this.streams.size) {
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, graceMs);
+        this.idle = () => {
+          clearTimeout(t);
+          resolve();
+        };
+      });
+    }
+    this.server.stop(true);
+    this.server = null;
+    await unlink(this.opts.socketPath).catch(() => {});
+  }
+}
+
+function only(method: string, allowed: string): Response | undefined {
+  return method === allowed ? undefined : methodNotAllowed(allowed);
+}
+
+function methodNotAllowed(allow: string): Response {
+  return new Response(JSON.stringify({ error: { code: "method_not_allowed", message: `use ${allow}` } }), {
+    status: 405,
+    headers: { "content-type": "application/json", allow },
+  });
+}
+

@@ -1,0 +1,72 @@
+/**
+ * Pull, ack and delete of durable subscribers over HTTP:
+ *
+ *   GET    /v1/channels/{channel}/messages?subscriber=NAME&max=N&wait=MS&from=...
+ *   POST   /v1/channels/{channel}/subscribers/{name}/ack   {"seq":N[,"channel":C]}
+ *   DELETE /v1/channels/{channel}/subscribers/{name}
+ *
+ * `{channel}` may be a pattern. Pulling never moves the cursor: what was not
+ * acked comes again on the next pull.
+ */
+import { assertChannel, isWildcard } from "../envelope/names.ts";
+import { envelopeJson } from "../envelope/json.ts";
+import { BadRequestError, UnknownChannelError, UnknownSubscriberError } from "../errors.ts";
+import type { Messenger } from "../messenger/messenger.ts";
+import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
+import { fromParam, intParam, json, readBody, requiredParam } from "./http.ts";
+
+/** Longest long-poll wait (ms). */
+export const MAX_WAIT_MS = 300_000;
+
+/** GET messages: up to `max` after the cursor, waiting up to `wait` ms for the first. */
+export async function handlePull(req: Request, url: URL, pattern: string, messenger: Messenger): Promise<Response> {
+  const name = requiredParam(url, "subscriber");
+  const max = intParam(url, "max", 100, 1, 10_000);
+  const wait = intParam(url, "wait", 0, 0, MAX_WAIT_MS);
+  const sub = messenger.openSubscriber(pattern, name, { from: fromParam(url) });
+  let msgs = await sub.fetch({ max });
+  if (msgs.length === 0 && wait > 0 && (await sub.wait(wait, { signal: req.signal }))) msgs = await sub.fetch({ max });
+  const body = `{"messages":[${msgs.map(envelopeJson).join(",")}]}`;
+  return new Response(body, { status: 200, headers: { "content-type": "application/json" } });
+}
+
+/**
+ * The concrete channel an ack is for: the path's channel, or for a pattern
+ * path the body's `channel` (inferred when the pattern matches one channel).
+ */
+function ackChannel(sub: DurableSubscriber, pathChannel: string, bodyChannel: unknown): string {
+  if (bodyChannel !== undefined) {
+    if (typeof bodyChannel !== "string") throw new BadRequestError(`"channel" must be a string`);
+    assertChannel(bodyChannel);
+    return bodyChannel;
+  }
+  if (!isWildcard(pathChannel)) return pathChannel;
+  const channels = [...sub.positions().keys()];
+  if (channels.length === 1) return channels[0]!;
+  throw new BadRequestError(`ack on pattern ${pathChannel} needs "channel" in the body (it matches ${channels.length} channels)`);
+}
+
+/** POST ack: cumulative, moves the cursor past `seq`. */
+export async function handleAck(req: Request, pattern: string, name: string, messenger: Messenger): Promise<Response> {
+  const raw = await readBody(req, 64 * 1024);
+  let body: { seq?: unknown; channel?: unknown };
+  try {
+    body = JSON.parse(new TextDecoder().decode(raw));
+  } catch {
+    throw new BadRequestError('body must be JSON like {"seq": 42}');
+  }
+  if (body === null || typeof body !== "object") throw new BadRequestError('body must be JSON like {"seq": 42}');
+  if (typeof body.seq !== "number" || !Number.isInteger(body.seq) || body.seq < 0) throw new BadRequestError('"seq" must be a non-negative integer');
+  const sub = isWildcard(pattern) ? messenger.openSubscriber(pattern, name, { create: false }) : messenger.resolveSubscriber(pattern, name);
+  const channel = ackChannel(sub, pattern, body.channel);
+  const log = messenger.channelLog(channel);
+  if (!log) throw new UnknownChannelError(channel);
+  const cursor = sub.ack(log, body.seq);
+  return json(200, { subscriber: name, pattern: sub.pattern, channel, cursor });
+}
+
+/** DELETE subscriber. */
+export async function handleDeleteSubscriber(pattern: string, name: string, messenger: Messenger): Promise<Response> {
+  if (!(await messenger.deleteSubscriber(pattern, name))) throw new UnknownSubscriberError(`no subscriber "${name}" on ${pattern}`);
+  return json(200, { deleted: true, subscriber: name, pattern });
+}

@@ -1,0 +1,53 @@
+/**
+ * `keyop run`: the agent in the foreground. SIGTERM/SIGINT stop it cleanly
+ * (in-flight publishes finish, cursors are flushed, the socket file goes);
+ * a second signal during shutdown exits at once.
+ */
+import { Agent } from "../agent/agent.ts";
+import { loadConfig } from "../config/schema.ts";
+import { createLogger } from "../observability/logger.ts";
+import { parseArgs } from "./args.ts";
+
+/** Usage text of `keyop run`. */
+export const RUN_USAGE = `usage: keyop run [--config FILE] [--data-dir DIR] [--socket PATH] [--log-level debug|info|warn|error]
+
+Runs the agent: opens the data directory (default ./keyop-data) and serves
+the local API on its Unix socket (default <data-dir>/keyop.sock). Without
+--config it runs on the embedded defaults (local only).`;
+
+/** Runs the agent until a signal stops it; resolves with the exit code. */
+export async function cmdRun(argv: string[]): Promise<number> {
+  const p = parseArgs(argv, { config: "string", "data-dir": "string", socket: "string", "log-level": "string" }, 0);
+  if (p.help) {
+    console.log(RUN_USAGE);
+    return 0;
+  }
+  const cfg = await loadConfig(p.flags.config as string | undefined, {
+    dataDir: p.flags["data-dir"] as string | undefined,
+    socket: p.flags.socket as string | undefined,
+    logLevel: p.flags["log-level"] as string | undefined,
+  });
+  const logger = createLogger({ level: cfg.log.level, format: cfg.log.format });
+  const agent = await Agent.start(cfg, logger);
+  return new Promise<number>((resolve) => {
+    let stopping = false;
+    const stop = (signal: string) => {
+      if (stopping) {
+        logger.warn("second signal during shutdown, exiting now", { signal });
+        process.exit(1);
+      }
+      stopping = true;
+      logger.info("signal received, shutting down", { signal });
+      agent.stop().then(
+        () => resolve(0),
+        (err) => {
+          logger.error("shutdown failed", { error: String(err) });
+          resolve(1);
+        },
+      );
+    };
+    process.on("SIGTERM", () => stop("SIGTERM"));
+    process.on("SIGINT", () => stop("SIGINT"));
+    process.on("SIGHUP", () => logger.info("SIGHUP: nothing to reload (no TLS configured)"));
+  });
+}

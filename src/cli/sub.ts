@@ -1,0 +1,101 @@
+/**
+ * `keyop sub`: a durable subscriber on the command line. Prints one envelope
+ * JSON per line and acks it once written; with `--exec` runs the command
+ * per message (envelope on stdin) and acks only when it exits 0, retrying
+ * with backoff otherwise: at-least-once into shell scripts. Survives agent
+ * restarts by reconnecting (the stream resumes at the acked cursor).
+ */
+import { envelopeJson } from "../envelope/json.ts";
+import type { Message } from "../envelope/envelope.ts";
+import { ApiError, LocalClient } from "../client/local-client.ts";
+import { fromFlag, intFlag, parseArgs, UsageError } from "./args.ts";
+import { isWildcard } from "../envelope/names.ts";
+
+/** Usage text of `keyop sub`. */
+export const SUB_USAGE = `usage: keyop sub CHANNEL --name NAME [--from earliest|latest|SEQ] [--exec CMD] [--max N] [--socket PATH]
+
+Streams messages of CHANNEL (or a pattern such as sensors.>) to the durable
+subscriber NAME: one envelope JSON per line on stdout, acked once printed.
+With --exec, CMD runs (via sh -c) once per message with the envelope on
+stdin and KEYOP_CHANNEL, KEYOP_SEQ, KEYOP_ID, KEYOP_TYPE set; the message is
+acked only when CMD exits 0, otherwise retried with backoff. --max N stops
+after N messages. A new subscriber starts at --from (default latest).`;
+
+/** Streams until --max, a signal, or a fatal error; resolves with the exit code. */
+export async function cmdSub(argv: string[]): Promise<number> {
+  const p = parseArgs(argv, { name: "string", from: "string", exec: "string", max: "string", socket: "string" }, 1);
+  if (p.help) {
+    console.log(SUB_USAGE);
+    return 0;
+  }
+  const channel = p.positionals[0];
+  if (!channel) throw new UsageError("CHANNEL is required");
+  const name = p.flags.name as string | undefined;
+  if (!name) throw new UsageError("--name is required");
+  const from = fromFlag(p);
+  const max = intFlag(p, "max", undefined);
+  const exec = p.flags.exec as string | undefined;
+  const client = new LocalClient({ socket: p.flags.socket as string | undefined });
+  const abort = new AbortController();
+  const onSignal = () => abort.abort();
+  process.on("SIGINT", onSignal);
+  process.on("SIGTERM", onSignal);
+  process.stdout.on?.("error", () => abort.abort()); // reader went away (| head): stop quietly
+
+  let handled = 0;
+  let backoff = 200;
+  let reported = false;
+  try {
+    while (!abort.signal.aborted) {
+      try {
+        for await (const msg of client.stream(channel, name, { from, maxInflight: exec ? 1 : 100, signal: abort.signal })) {
+          backoff = 200;
+          reported = false;
+          if (exec) {
+            if (!(await runUntilSuccess(exec, msg, abort.signal))) break;
+          } else {
+            process.stdout.write(envelopeJson(msg) + "\n");
+          }
+          await client.ack(channel, name, msg.seq, isWildcard(channel) ? msg.channel : undefined);
+          if (max !== undefined && ++handled >= max) return 0;
+        }
+        if (abort.signal.aborted) break;
+      } catch (err) {
+        if (abort.signal.aborted) break;
+        // A refused request (bad channel, bad name) will not get better; anything else is the
+        // agent restarting or gone for a while: reconnect, the stream resumes at the acked cursor.
+        if (err instanceof ApiError && err.status >= 400 && err.status < 500) throw err;
+        if (!reported) process.stderr.write(`keyop sub: ${err instanceof Error ? err.message : String(err)}; reconnecting\n`);
+        reported = true;
+      }
+      await Bun.sleep(backoff);
+      backoff = Math.min(backoff * 2, 5000);
+    }
+    return 0;
+  } finally {
+    process.off("SIGINT", onSignal);
+    process.off("SIGTERM", onSignal);
+  }
+}
+
+/** Runs `cmd` for `msg` until it exits 0 (true) or the subscriber is stopped (false). */
+async function runUntilSuccess(cmd: string, msg: Message, signal: AbortSignal): Promise<boolean> {
+  let delay = 500;
+  for (let attempt = 1; !signal.aborted; attempt++) {
+    const proc = Bun.spawn(["sh", "-c", cmd], {
+      stdin: new TextEncoder().encode(envelopeJson(msg) + "\n"),
+      stdout: "inherit",
+      stderr: "inherit",
+      env: { ...process.env, KEYOP_CHANNEL: msg.channel, KEYOP_SEQ: String(msg.seq), KEYOP_ID: msg.id, KEYOP_TYPE: msg.type },
+    });
+    const code = await proc.exited;
+    if (code === 0) return true;
+    process.stderr.write(`keyop sub: --exec exited ${code} for ${msg.channel} seq ${msg.seq} (attempt ${attempt}), retrying in ${delay} ms\n`);
+    await new Promise<void>((r) => {
+      const t = setTimeout(r, delay);
+      signal.addEventListener("abort", () => (clearTimeout(t), r()), { once: true });
+    });
+    delay = Math.min(delay * 2, 30_000);
+  }
+  return false;
+}

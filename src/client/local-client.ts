@@ -1,0 +1,207 @@
+/**
+ * A client of the local API over the Unix socket, for Bun programs on the
+ * board and for the `keyop` CLI itself, so that there is one implementation
+ * of the HTTP protocol on the JS side. Messages come back in the library's
+ * shape (camelCase `Message`).
+ */
+import type { Message } from "../envelope/envelope.ts";
+import { DEFAULT_DATA_DIR, SOCKET_NAME } from "../config/schema.ts";
+
+/** The socket a client uses: explicit, else $KEYOP_SOCKET, else the default. */
+export function resolveSocket(explicit?: string): string {
+  return explicit ?? process.env.KEYOP_SOCKET ?? `${DEFAULT_DATA_DIR}/${SOCKET_NAME}`;
+}
+
+/** An error answered by the agent: its JSON error code and HTTP status. */
+export class ApiError extends Error {
+  readonly code: string;
+  readonly status: number;
+  constructor(status: number, code: string, message: string) {
+    super(message);
+    this.name = "ApiError";
+    this.code = code;
+    this.status = status;
+  }
+}
+
+/** The agent could not be reached on its socket. */
+export class UnreachableError extends Error {
+  readonly code = "unreachable";
+  readonly socket: string;
+  constructor(socket: string, cause: unknown) {
+    super(`cannot reach keyop at ${socket}: ${cause instanceof Error ? cause.message : String(cause)} (is "keyop run" running?)`, { cause });
+    this.name = "UnreachableError";
+    this.socket = socket;
+  }
+}
+
+/** What the agent answers to a publish. */
+export interface PublishReceipt {
+  id: string;
+  channel: string;
+  seq: number;
+  ts: number;
+}
+
+/** One message of a batch publish. */
+export interface OutgoingMessage {
+  type: string;
+  payload: unknown;
+  correlationId?: string;
+  serviceName?: string;
+}
+
+/** Options of a stream subscription. */
+export interface StreamOptions {
+  from?: "earliest" | "latest" | number;
+  maxInflight?: number;
+  autoAck?: boolean;
+  signal?: AbortSignal;
+}
+
+/** Converts the wire form (snake_case) to the library's `Message`. */
+export function fromWire(w: Record<string, unknown>): Message {
+  const m: Message = {
+    v: Number(w.v ?? 1),
+    id: String(w.id),
+    seq: Number(w.seq),
+    ts: Number(w.ts),
+    channel: String(w.channel),
+    origin: String(w.origin ?? ""),
+    type: String(w.type ?? ""),
+    route: Array.isArray(w.route) ? w.route.map(String) : [],
+    payload: w.payload,
+  };
+  if (typeof w.correlation_id === "string") m.correlationId = w.correlation_id;
+  if (typeof w.service_name === "string") m.serviceName = w.service_name;
+  return m;
+}
+
+const wireOut = (m: OutgoingMessage) => {
+  const o: Record<string, unknown> = { type: m.type, payload: m.payload ?? null };
+  if (m.correlationId !== undefined) o.correlation_id = m.correlationId;
+  if (m.serviceName !== undefined) o.service_name = m.serviceName;
+  return o;
+};
+
+const seg = (s: string) => encodeURIComponent(s);
+
+/** Client of one agent's Unix-socket API. */
+export class LocalClient {
+  readonly socket: string;
+
+  constructor(opts: { socket?: string } = {}) {
+    this.socket = resolveSocket(opts.socket);
+  }
+
+  /** One HTTP request; JSON answer parsed, API errors thrown as `ApiError`. */
+  async request<T = unknown>(method: string, path: string, body?: string | Uint8Array, contentType = "application/json", signal?: AbortSignal): Promise<T> {
+    let res: Response;
+    try {
+      res = await fetch(`http://keyop${path}`, {
+        method,
+        body,
+        headers: body !== undefined ? { "content-type": contentType } : {},
+        unix: this.socket,
+        signal,
+      } as RequestInit);
+    } catch (err) {
+      if ((err as Error)?.name === "AbortError") throw err;
+      throw new UnreachableError(this.socket, err);
+    }
+    const text = await res.text();
+    let parsed: unknown;
+    try {
+      parsed = text ? JSON.parse(text) : undefined;
+    } catch {
+      parsed = text;
+    }
+    if (!res.ok) {
+      const e = (parsed as { error?: { code?: string; message?: string } })?.error;
+      throw new ApiError(res.status, e?.code ?? "http_" + res.status, e?.message ?? `HTTP ${res.status}`);
+    }
+    return parsed as T;
+  }
+
+  /** Publishes one message; resolves after the agent's durable write. */
+  publish(channel: string, type: string, payload: unknown, opts: { correlationId?: string; serviceName?: string } = {}): Promise<PublishReceipt> {
+    return this.request("POST", `/v1/channels/${seg(channel)}/messages`, JSON.stringify(wireOut({ type, payload, ...opts })));
+  }
+
+  /** Publishes many messages to one channel in one request (NDJSON). */
+  async publishBatch(channel: string, messages: OutgoingMessage[]): Promise<PublishReceipt[]> {
+    const body = messages.map((m) => JSON.stringify(wireOut(m))).join("\n") + "\n";
+    const r = await this.request<{ results: PublishReceipt[] }>("POST", `/v1/channels/${seg(channel)}/messages`, body, "application/x-ndjson");
+    return r.results;
+  }
+
+  /** Up to `max` messages after the subscriber's cursor (nothing is acked). */
+  async pull(channel: string, subscriber: string, opts: { max?: number; waitMs?: number; from?: "earliest" | "latest" | number; signal?: AbortSignal } = {}): Promise<Message[]> {
+    const q = new URLSearchParams({ subscriber });
+    if (opts.max !== undefined) q.set("max", String(opts.max));
+    if (opts.waitMs !== undefined) q.set("wait", String(Math.round(opts.waitMs)));
+    if (opts.from !== undefined) q.set("from", String(opts.from));
+    const r = await this.request<{ messages: Record<string, unknown>[] }>("GET", `/v1/channels/${seg(channel)}/messages?${q}`, undefined, undefined, opts.signal);
+    return r.messages.map(fromWire);
+  }
+
+  /** Cumulative ack of `seq` (for a pattern subscriber, name the channel). */
+  ack(pathChannel: string, subscriber: string, seq: number, channel?: string): Promise<{ cursor: number; channel: string }> {
+    const body: Record<string, unknown> = { seq };
+    if (channel !== undefined) body.channel = channel;
+    return this.request("POST", `/v1/channels/${seg(pathChannel)}/subscribers/${seg(subscriber)}/ack`, JSON.stringify(body));
+  }
+
+  /** Removes a durable subscriber. */
+  deleteSubscriber(channel: string, subscriber: string): Promise<unknown> {
+    return this.request("DELETE", `/v1/channels/${seg(channel)}/subscribers/${seg(subscriber)}`);
+  }
+
+  /** `GET /v1/channels`. */
+  channels(): Promise<{ channels: Record<string, unknown>[] }> {
+    return this.request("GET", "/v1/channels");
+  }
+
+  /** `GET /v1/status`. */
+  status(): Promise<Record<string, unknown>> {
+    return this.request("GET", "/v1/status");
+  }
+
+  /**
+   * Streams messages (NDJSON) until `signal` aborts or the agent ends the
+   * stream. Ack with `ack()`; unacked messages come again on the next stream.
+   */
+  async *stream(channel: string, subscriber: string, opts: StreamOptions = {}): AsyncGenerator<Message> {
+    const q = new URLSearchParams({ subscriber });
+    if (opts.from !== undefined) q.set("from", String(opts.from));
+    if (opts.maxInflight !== undefined) q.set("max_inflight", String(opts.maxInflight));
+    if (opts.autoAck) q.set("auto_ack", "true");
+    let res: Response;
+    try {
+      res = await fetch(`http://keyop/v1/channels/${seg(channel)}/stream?${q}`, { unix: this.socket, signal: opts.signal } as RequestInit);
+    } catch (err) {
+      if ((err as Error)?.name === "AbortError") return;
+      throw new UnreachableError(this.socket, err);
+    }
+    if (!res.ok || !res.body) {
+      const e = ((await res.json().catch(() => ({}))) as { error?: { code?: string; message?: string } }).error;
+      throw new ApiError(res.status, e?.code ?? "http_" + res.status, e?.message ?? `HTTP ${res.status}`);
+    }
+    const dec = new TextDecoder();
+    let rest = "";
+    try {
+      for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
+        rest += dec.decode(chunk, { stream: true });
+        let nl: number;
+        while ((nl = rest.indexOf("\n")) >= 0) {
+          const line = rest.slice(0, nl);
+          rest = rest.slice(nl + 1);
+          if (line.trim() !== "") yield fromWire(JSON.parse(line));
+        }
+      }
+    } catch (err) {
+      if ((err as Error)?.name === "AbortError" || opts.signal?.aborted) return;
+      throw err;
+    }
+  }
+}

@@ -1,0 +1,311 @@
+/**
+ * The agent's YAML configuration (SPEC §4.4): every key, its type, its
+ * default, and validation that reports all problems at once, each with its
+ * key path, so an operator fixes the file in one go.
+ */
+import { assertName, assertPattern } from "../envelope/names.ts";
+import { ConfigError, KeyopError } from "../errors.ts";
+import { isLogLevel, type LogFormat, type LogLevel } from "../observability/logger.ts";
+import type { SyncMode } from "../store/channel-log.ts";
+import { parseDuration, parseMode, parseSize } from "./units.ts";
+
+/** A peer a hub accepts, with what it may publish into and receive from the hub. */
+export interface PeerConfig {
+  name: string;
+  publish: string[];
+  subscribe: string[];
+}
+
+/** A link from this instance to a hub. */
+export interface LinkConfig {
+  hub: string;
+  publish: string[];
+  subscribe: string[];
+  start: "latest" | "earliest";
+}
+
+/** The validated configuration with every default applied (camelCase). */
+export interface AgentConfig {
+  /** Instance name; undefined means: the TLS certificate CN, else the host name. */
+  name: string | undefined;
+  storage: {
+    dataDir: string;
+    sync: SyncMode;
+    syncIntervalMs: number;
+    segmentBytes: number;
+    retention: { maxAgeMs: number | undefined; maxBytes: number | undefined };
+  };
+  subscribers: { maxRetries: number; retryBackoffBaseMs: number; retryBackoffMaxMs: number };
+  api: { socket: string; socketMode: number; maxMessageBytes: number };
+  tls: { cert: string; key: string; ca: string } | undefined;
+  hub: { listen: string; peers: PeerConfig[] } | undefined;
+  links: LinkConfig[];
+  federation: {
+    reconnectBaseMs: number;
+    reconnectMaxMs: number;
+    reconnectJitter: number;
+    heartbeatMs: number;
+    maxBatchBytes: number;
+    window: number;
+  };
+  dedup: { capacity: number };
+  audit: { path: string | undefined; maxFileBytes: number; maxFiles: number };
+  log: { level: LogLevel; format: LogFormat };
+}
+
+/** Command-line values that win over the file. */
+export interface ConfigOverrides {
+  dataDir?: string | undefined;
+  socket?: string | undefined;
+  logLevel?: string | undefined;
+}
+
+/** Default data directory of `keyop run` without a config. */
+export const DEFAULT_DATA_DIR = "./keyop-data";
+/** File name of the API socket inside the data directory. */
+export const SOCKET_NAME = "keyop.sock";
+
+type Obj = Record<string, unknown>;
+
+/** Collects problems while reading a raw YAML value tree. */
+class Reader {
+  readonly problems: string[] = [];
+
+  fail(path: string, msg: string): undefined {
+    this.problems.push(`${path}: ${msg}`);
+    return undefined;
+  }
+
+  /** An optional mapping with only `keys`; unknown keys are reported. */
+  obj(v: unknown, path: string, keys: readonly string[]): Obj | undefined {
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "object" || Array.isArray(v)) return this.fail(path, "must be a mapping");
+    for (const k of Object.keys(v)) {
+      if (!keys.includes(k)) this.problems.push(`${path ? path + "." : ""}${k}: unknown key (expected one of: ${keys.join(", ")})`);
+    }
+    return v as Obj;
+  }
+
+  str(v: unknown, path: string): string | undefined {
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "string" || v.length === 0) return this.fail(path, "must be a non-empty string");
+    return v;
+  }
+
+  oneOf<T extends string>(v: unknown, path: string, allowed: readonly T[]): T | undefined {
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "string" || !allowed.includes(v as T)) return this.fail(path, `must be one of ${allowed.join(", ")}`);
+    return v as T;
+  }
+
+  int(v: unknown, path: string, min: number, max = Number.MAX_SAFE_INTEGER): number | undefined {
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) return this.fail(path, `must be an integer from ${min} to ${max}`);
+    return v;
+  }
+
+  fraction(v: unknown, path: string): number | undefined {
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "number" || !(v >= 0 && v <= 1)) return this.fail(path, "must be a number from 0 to 1");
+    return v;
+  }
+
+  duration(v: unknown, path: string, minMs = 1): number | undefined {
+    if (v === undefined || v === null) return undefined;
+    const ms = parseDuration(v);
+    if (ms === null || ms < minMs) return this.fail(path, `must be a duration of at least ${minMs} ms (e.g. 500ms, 30s, 7d)`);
+    return ms;
+  }
+
+  size(v: unknown, path: string, min = 1): number | undefined {
+    if (v === undefined || v === null) return undefined;
+    const b = parseSize(v);
+    if (b === null || b < min) return this.fail(path, `must be a size of at least ${min} bytes (e.g. 4096, 64KiB, 64MiB)`);
+    return b;
+  }
+
+  mode(v: unknown, path: string): number | undefined {
+    if (v === undefined || v === null) return undefined;
+    const m = parseMode(v);
+    if (m === null) return this.fail(path, "must be an octal file mode such as '0660'");
+    return m;
+  }
+
+  hostPort(v: unknown, path: string): string | undefined {
+    const s = this.str(v, path);
+    if (s === undefined) return undefined;
+    const m = /^(.+):(\d{1,5})$/.exec(s);
+    if (!m || Number(m[2]) > 65535) return this.fail(path, "must be host:port");
+    return s;
+  }
+
+  patterns(v: unknown, path: string): string[] {
+    if (v === undefined || v === null) return [];
+    if (!Array.isArray(v)) return this.fail(path, "must be a list of patterns") ?? [];
+    const out: string[] = [];
+    v.forEach((p, i) => {
+      try {
+        assertPattern(p);
+        out.push(p);
+      } catch (err) {
+        this.fail(`${path}[${i}]`, err instanceof KeyopError ? err.message : String(err));
+      }
+    });
+    return out;
+  }
+
+  list(v: unknown, path: string): unknown[] {
+    if (v === undefined || v === null) return [];
+    if (!Array.isArray(v)) return this.fail(path, "must be a list") ?? [];
+    return v;
+  }
+
+  name(v: unknown, path: string): string | undefined {
+    const s = this.str(v, path);
+    if (s === undefined) return undefined;
+    try {
+      assertName(s, "name");
+      return s;
+    } catch (err) {
+      return this.fail(path, err instanceof KeyopError ? err.message : String(err));
+    }
+  }
+}
+
+const TOP = ["name", "storage", "subscribers", "api", "tls", "hub", "links", "federation", "dedup", "audit", "log"] as const;
+
+/**
+ * Validates a parsed YAML document (or `undefined` for "no config") and
+ * applies defaults and overrides. Throws `ConfigError` listing every problem.
+ */
+export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): AgentConfig {
+  const r = new Reader();
+  const top = r.obj(raw, "", TOP) ?? {};
+  const name = r.name(top.name, "name");
+
+  const storage = r.obj(top.storage, "storage", ["data_dir", "sync", "sync_interval_ms", "segment_bytes", "retention"]) ?? {};
+  const retention = r.obj(storage.retention, "storage.retention", ["max_age", "max_bytes"]) ?? {};
+  const dataDir = overrides.dataDir ?? r.str(storage.data_dir, "storage.data_dir") ?? DEFAULT_DATA_DIR;
+
+  const subs = r.obj(top.subscribers, "subscribers", ["max_retries", "retry_backoff_base_ms", "retry_backoff_max_ms"]) ?? {};
+  const api = r.obj(top.api, "api", ["socket", "socket_mode", "max_message_bytes"]) ?? {};
+
+  const tlsRaw = r.obj(top.tls, "tls", ["cert", "key", "ca"]);
+  let tls: AgentConfig["tls"];
+  if (tlsRaw) {
+    const cert = r.str(tlsRaw.cert, "tls.cert") ?? r.fail("tls.cert", "is required when tls is set");
+    const key = r.str(tlsRaw.key, "tls.key") ?? r.fail("tls.key", "is required when tls is set");
+    const ca = r.str(tlsRaw.ca, "tls.ca") ?? r.fail("tls.ca", "is required when tls is set");
+    if (cert && key && ca) tls = { cert, key, ca };
+  }
+
+  const hubRaw = r.obj(top.hub, "hub", ["listen", "peers"]);
+  let hub: AgentConfig["hub"];
+  if (hubRaw) {
+    const listen = r.hostPort(hubRaw.listen, "hub.listen") ?? r.fail("hub.listen", "is required when hub is set");
+    const seen = new Set<string>();
+    const peers: PeerConfig[] = [];
+    r.list(hubRaw.peers, "hub.peers").forEach((p, i) => {
+      const path = `hub.peers[${i}]`;
+      const o = r.obj(p, path, ["name", "publish", "subscribe"]);
+      if (!o) return void r.fail(path, "must be a mapping");
+      const pname = r.name(o.name, `${path}.name`) ?? r.fail(`${path}.name`, "is required");
+      if (pname && seen.has(pname)) r.fail(`${path}.name`, `duplicate peer "${pname}"`);
+      if (pname) seen.add(pname);
+      const peer = { name: pname ?? "", publish: r.patterns(o.publish, `${path}.publish`), subscribe: r.patterns(o.subscribe, `${path}.subscribe`) };
+      if (pname) peers.push(peer);
+    });
+    if (listen) hub = { listen, peers };
+  }
+
+  const links: LinkConfig[] = [];
+  r.list(top.links, "links").forEach((l, i) => {
+    const path = `links[${i}]`;
+    const o = r.obj(l, path, ["hub", "publish", "subscribe", "start"]);
+    if (!o) return void r.fail(path, "must be a mapping");
+    const hubAddr = r.hostPort(o.hub, `${path}.hub`) ?? r.fail(`${path}.hub`, "is required");
+    const link: LinkConfig = {
+      hub: hubAddr ?? "",
+      publish: r.patterns(o.publish, `${path}.publish`),
+      subscribe: r.patterns(o.subscribe, `${path}.subscribe`),
+      start: r.oneOf(o.start, `${path}.start`, ["latest", "earliest"] as const) ?? "latest",
+    };
+    if (hubAddr) links.push(link);
+  });
+  if ((hubRaw || links.length > 0) && !tlsRaw) r.fail("tls", "is required for federation (hub or links)");
+
+  const fed = r.obj(top.federation, "federation", ["reconnect_base_ms", "reconnect_max_ms", "reconnect_jitter", "heartbeat_ms", "max_batch_bytes", "window"]) ?? {};
+  const dedup = r.obj(top.dedup, "dedup", ["capacity"]) ?? {};
+  const audit = r.obj(top.audit, "audit", ["path", "max_file_bytes", "max_files"]) ?? {};
+  const log = r.obj(top.log, "log", ["level", "format"]) ?? {};
+  let level = r.oneOf(log.level, "log.level", ["debug", "info", "warn", "error"] as const) ?? "info";
+  if (overrides.logLevel !== undefined) {
+    if (isLogLevel(overrides.logLevel)) level = overrides.logLevel;
+    else r.fail("--log-level", "must be one of debug, info, warn, error");
+  }
+
+  const cfg: AgentConfig = {
+    name,
+    storage: {
+      dataDir,
+      sync: r.oneOf(storage.sync, "storage.sync", ["always", "interval", "none"] as const) ?? "always",
+      syncIntervalMs: r.duration(storage.sync_interval_ms, "storage.sync_interval_ms") ?? 200,
+      segmentBytes: r.size(storage.segment_bytes, "storage.segment_bytes", 4096) ?? 64 * 1024 * 1024,
+      retention: { maxAgeMs: r.duration(retention.max_age, "storage.retention.max_age"), maxBytes: r.size(retention.max_bytes, "storage.retention.max_bytes") },
+    },
+    subscribers: {
+      maxRetries: r.int(subs.max_retries, "subscribers.max_retries", 1, 1000) ?? 5,
+      retryBackoffBaseMs: r.duration(subs.retry_backoff_base_ms, "subscribers.retry_backoff_base_ms") ?? 100,
+      retryBackoffMaxMs: r.duration(subs.retry_backoff_max_ms, "subscribers.retry_backoff_max_ms") ?? 5000,
+    },
+    api: {
+      socket: overrides.socket ?? r.str(api.socket, "api.socket") ?? `${dataDir.replace(/\/+$/, "")}/${SOCKET_NAME}`,
+      socketMode: r.mode(api.socket_mode, "api.socket_mode") ?? 0o660,
+      maxMessageBytes: r.size(api.max_message_bytes, "api.max_message_bytes", 64) ?? 1024 * 1024,
+    },
+    tls,
+    hub,
+    links,
+    federation: {
+      reconnectBaseMs: r.duration(fed.reconnect_base_ms, "federation.reconnect_base_ms") ?? 500,
+      reconnectMaxMs: r.duration(fed.reconnect_max_ms, "federation.reconnect_max_ms") ?? 60_000,
+      reconnectJitter: r.fraction(fed.reconnect_jitter, "federation.reconnect_jitter") ?? 0.2,
+      heartbeatMs: r.duration(fed.heartbeat_ms, "federation.heartbeat_ms", 100) ?? 10_000,
+      maxBatchBytes: r.size(fed.max_batch_bytes, "federation.max_batch_bytes", 1024) ?? 1024 * 1024,
+      window: r.int(fed.window, "federation.window", 1, 1024) ?? 8,
+    },
+    dedup: { capacity: r.int(dedup.capacity, "dedup.capacity", 0, 100_000_000) ?? 100_000 },
+    audit: {
+      path: r.str(audit.path, "audit.path"),
+      maxFileBytes: r.size(audit.max_file_bytes, "audit.max_file_bytes", 4096) ?? 10 * 1024 * 1024,
+      maxFiles: r.int(audit.max_files, "audit.max_files", 1, 1000) ?? 5,
+    },
+    log: { level, format: r.oneOf(log.format, "log.format", ["json", "text"] as const) ?? "json" },
+  };
+  if (cfg.subscribers.retryBackoffMaxMs < cfg.subscribers.retryBackoffBaseMs) {
+    r.fail("subscribers.retry_backoff_max_ms", "must not be less than retry_backoff_base_ms");
+  }
+  if (cfg.federation.reconnectMaxMs < cfg.federation.reconnectBaseMs) {
+    r.fail("federation.reconnect_max_ms", "must not be less than reconnect_base_ms");
+  }
+  if (r.problems.length > 0) throw new ConfigError(r.problems);
+  return cfg;
+}
+
+/** Reads and validates a YAML config file; a missing path means defaults. */
+export async function loadConfig(path: string | undefined, overrides: ConfigOverrides = {}): Promise<AgentConfig> {
+  if (path === undefined) return parseConfig(undefined, overrides);
+  let text: string;
+  try {
+    text = await Bun.file(path).text();
+  } catch (err) {
+    throw new ConfigError([`${path}: cannot read: ${(err as Error).message}`]);
+  }
+  let raw: unknown;
+  try {
+    raw = Bun.YAML.parse(text);
+  } catch (err) {
+    throw new ConfigError([`${path}: not valid YAML: ${(err as Error).message}`]);
+  }
+  return parseConfig(raw ?? undefined, overrides);
+}

@@ -1,0 +1,195 @@
+/**
+ * A durable subscriber consumed from outside the process (HTTP pull, NDJSON,
+ * SSE and WebSocket streams, the CLI): no handler, the consumer fetches and
+ * acks. Fetching never moves the cursor; only `ack` does (cumulatively), so
+ * whatever a consumer did not ack comes again on its next pull or stream.
+ */
+import { decodeEnvelope, type Message } from "../envelope/envelope.ts";
+import { InvalidArgumentError } from "../errors.ts";
+import type { Logger } from "../observability/logger.ts";
+import type { ChannelLog } from "../store/channel-log.ts";
+import type { CursorState, CursorStore } from "../store/cursor-store.ts";
+
+/** What a durable subscriber needs from its messenger. */
+export interface DurableSubscriberHost {
+  readonly cursors: CursorStore;
+  readonly logger: Logger;
+  /** Logs of the channels the pattern matches now. */
+  matchingLogs(pattern: string): ChannelLog[];
+  /** Subscribes to "a matching channel was created"; returns the remover. */
+  onMatchingChannel(pattern: string, fn: () => void): () => void;
+  noteSent(channel: string, count: number, redelivered: number): void;
+  noteAcked(channel: string, count: number): void;
+}
+
+/** Per-channel positions: the next seq to read on each channel. */
+export type Positions = Map<string, number>;
+
+/** Options of `fetch`. */
+export interface FetchOptions {
+  max: number;
+  /** Stop adding messages past about this many body bytes (at least one is returned). */
+  maxBytes?: number;
+  /** Where to read from per channel; the acked cursors when omitted. */
+  after?: Positions;
+}
+
+/** A handle on one durable subscriber (pattern + name). */
+export class DurableSubscriber {
+  readonly pattern: string;
+  readonly name: string;
+  private readonly host: DurableSubscriberHost;
+  private readonly state: CursorState;
+  /** Highest seq ever handed out per channel, to count redeliveries. */
+  private readonly highWater = new Map<string, number>();
+  private readonly ackWaiters = new Set<() => void>();
+  private rotate = 0;
+
+  /** @internal Made by `Messenger.openSubscriber`. */
+  constructor(host: DurableSubscriberHost, state: CursorState) {
+    this.host = host;
+    this.state = state;
+    this.pattern = state.pattern;
+    this.name = state.name;
+  }
+
+  /** The acked position (next seq to deliver) on `channel`. */
+  cursor(log: ChannelLog): number {
+    const c = this.state.cursors[log.name];
+    if (c === undefined) {
+      const from = this.state.from;
+      const start = typeof from === "number" ? Math.max(from, log.firstSeq) : log.firstSeq;
+      this.host.cursors.set(this.state, log.name, start);
+      return start;
+    }
+    if (c < log.firstSeq) {
+      const lost = log.firstSeq - c;
+      this.host.cursors.addSkipped(this.state, log.name, lost);
+      this.host.cursors.set(this.state, log.name, log.firstSeq);
+      this.host.logger.warn("retention removed messages before this subscriber read them", { subscriber: this.name, channel: log.name, skipped: lost });
+      return log.firstSeq;
+    }
+    if (c > log.nextSeq) {
+      this.host.cursors.set(this.state, log.name, log.nextSeq);
+      return log.nextSeq;
+    }
+    return c;
+  }
+
+  /** The acked positions on every matching channel. */
+  positions(): Positions {
+    const p: Positions = new Map();
+    for (const log of this.host.matchingLogs(this.pattern)) p.set(log.name, this.cursor(log));
+    return p;
+  }
+
+  /** Messages stored after the acked cursor on every matching channel. */
+  lag(): number {
+    let n = 0;
+    for (const log of this.host.matchingLogs(this.pattern)) n += log.nextSeq - this.cursor(log);
+    return n;
+  }
+
+  /**
+   * Up to `max` messages after `after` (default: the acked cursors), taking
+   * channels in turn so that one busy channel does not starve the others.
+   * Updates `after` in place past what it returns.
+   */
+  async fetch(opts: FetchOptions): Promise<Message[]> {
+    const logs = this.host.matchingLogs(this.pattern);
+    const out: Message[] = [];
+    if (logs.length === 0 || opts.max <= 0) return out;
+    const maxBytes = opts.maxBytes ?? 4 * 1024 * 1024;
+    let bytes = 0;
+    const start = this.rotate++ % logs.length;
+    for (let k = 0; k < logs.length && out.length < opts.max && bytes < maxBytes; k++) {
+      const log = logs[(start + k) % logs.length]!;
+      const acked = this.cursor(log);
+      const from = Math.max(opts.after?.get(log.name) ?? acked, acked, log.firstSeq);
+      if (from >= log.nextSeq) continue;
+      const recs = await log.read(from, opts.max - out.length, maxBytes - bytes);
+      let redelivered = 0;
+      const hw = this.highWater.get(log.name) ?? 0;
+      for (const r of recs) {
+        try {
+          out.push(decodeEnvelope(r.body, r.seq));
+        } catch (err) {
+          this.host.logger.error("record is not an envelope, skipped", { channel: log.name, seq: r.seq, error: String(err) });
+          continue;
+        }
+        bytes += r.body.length;
+        if (r.seq <= hw) redelivered++;
+      }
+      if (recs.length > 0) {
+        const last = recs[recs.length - 1]!.seq;
+        opts.after?.set(log.name, last + 1);
+        if (last > hw) this.highWater.set(log.name, last);
+        this.host.noteSent(log.name, recs.length, redelivered);
+      }
+    }
+    return out;
+  }
+
+  /**
+   * Cumulative ack: everything up to and including `seq` on `channel` is
+   * done. Never moves the cursor back; a seq past the end is refused.
+   * Returns the new cursor.
+   */
+  ack(log: ChannelLog, seq: number): number {
+    if (!Number.isInteger(seq) || seq < 0) throw new InvalidArgumentError("seq must be a non-negative integer");
+    if (seq >= log.nextSeq) throw new InvalidArgumentError(`seq ${seq} is past the end of channel ${log.name} (next seq ${log.nextSeq})`);
+    const cur = this.cursor(log);
+    if (seq + 1 > cur) {
+      this.host.cursors.set(this.state, log.name, seq + 1);
+      this.host.noteAcked(log.name, seq + 1 - cur);
+      for (const w of [...this.ackWaiters]) w();
+    }
+    return Math.max(cur, seq + 1);
+  }
+
+  /** Resolves true at the next ack of this subscriber; false after `timeoutMs` or on `signal`. */
+  waitForAck(timeoutMs: number, signal?: AbortSignal): Promise<boolean> {
+    if (signal?.aborted) return Promise.resolve(false);
+    return new Promise<boolean>((resolve) => {
+      const finish = (v: boolean) => {
+        clearTimeout(timer);
+        this.ackWaiters.delete(onAck);
+        signal?.removeEventListener("abort", onAbort);
+        resolve(v);
+      };
+      const onAck = () => finish(true);
+      const onAbort = () => finish(false);
+      const timer = setTimeout(() => finish(false), timeoutMs);
+      this.ackWaiters.add(onAck);
+      signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  }
+
+  /**
+   * Resolves true as soon as a matching channel has a record at or past
+   * `after` (default: the acked cursors) or a matching channel is created;
+   * false after `timeoutMs` or on `signal`.
+   */
+  wait(timeoutMs: number, opts: { after?: Positions; signal?: AbortSignal } = {}): Promise<boolean> {
+    const ready = () =>
+      this.host.matchingLogs(this.pattern).some((log) => log.nextSeq > Math.max(opts.after?.get(log.name) ?? 0, this.cursor(log)));
+    if (ready()) return Promise.resolve(true);
+    if (timeoutMs <= 0 || opts.signal?.aborted) return Promise.resolve(false);
+    return new Promise<boolean>((resolve) => {
+      const offs: (() => void)[] = [];
+      const finish = (v: boolean) => {
+        clearTimeout(timer);
+        for (const off of offs) off();
+        resolve(v);
+      };
+      const timer = setTimeout(() => finish(false), timeoutMs);
+      for (const log of this.host.matchingLogs(this.pattern)) offs.push(log.onCommit(() => ready() && finish(true)));
+      offs.push(this.host.onMatchingChannel(this.pattern, () => finish(true)));
+      if (opts.signal) {
+        const onAbort = () => finish(false);
+        opts.signal.addEventListener("abort", onAbort, { once: true });
+        offs.push(() => opts.signal!.removeEventListener("abort", onAbort));
+      }
+    });
+  }
+}
