@@ -64,3 +64,37 @@ export function spawnLines(cmd: string[], env: Record<string, string> = {}): Lin
 
 /** The bun executable running this test (child processes use the same one). */
 export const BUN = process.execPath;
+
+import { Agent } from "../src/agent/agent.ts";
+import { parseConfig } from "../src/config/schema.ts";
+import { silentLogger, type Logger } from "../src/observability/logger.ts";
+
+/** An in-process agent on a fresh data directory, with helpers to call its API. */
+export interface TestAgent {
+  agent: Agent;
+  dir: string;
+  socket: string;
+  /** One HTTP request over the socket. */
+  call(method: string, path: string, body?: string | Uint8Array, headers?: Record<string, string>): Promise<Response>;
+  stop(): Promise<void>;
+}
+
+/** Starts an agent with `yaml`-shaped config overrides (data_dir and socket are set here). */
+export async function startTestAgent(raw: Record<string, unknown> = {}, logger: Logger = silentLogger, dir = tmpDir()): Promise<TestAgent> {
+  const storage = { ...(raw.storage as object), data_dir: join(dir, "data") };
+  const api = { ...(raw.api as object), socket: join(dir, "k.sock") };
+  const cfg = parseConfig({ name: "test-agent", ...raw, storage, api });
+  const agent = await Agent.start(cfg, logger);
+  const socket = cfg.api.socket;
+  return {
+    agent,
+    dir,
+    socket,
+    call: (method, path, body, headers = {}) =>
+      fetch(`http://keyop${path}`, { method, body, headers: body !== undefined ? { "content-type": "application/json", ...headers } : headers, unix: socket } as RequestInit),
+    stop: () => agent.stop(),
+  };
+}
+
+/** Path of the CLI entry for child processes. */
+export const MAIN = join(import.meta.dir, "..", "src", "main.ts");

@@ -37,6 +37,8 @@ export class ApiServer {
   private server: Server<WsData> | null = null;
   private readonly streams = new StreamRegistry();
   private draining = false;
+  /** Aborted at stop: long-polls return at once with what they have. */
+  private readonly shutdown = new AbortController();
   private inflight = 0;
   private idle: (() => void) | null = null;
 
@@ -123,7 +125,7 @@ export class ApiServer {
       if (method === "GET") {
         assertPattern(target);
         if (url.searchParams.get("wait")) server.timeout(req, 0); // a long-poll may outlast the idle timeout
-        return handlePull(req, url, target, m);
+        return handlePull(url, target, m, AbortSignal.any([req.signal, this.shutdown.signal]));
       }
       return methodNotAllowed("GET, POST");
     }
@@ -207,6 +209,7 @@ export class ApiServer {
   async stop(graceMs = 10_000): Promise<void> {
     if (!this.server) return;
     this.draining = true;
+    this.shutdown.abort();
     this.streams.closeAll();
     if (this.inflight > this.streams.size) {
       await new Promise<void>((resolve) => {
@@ -217,8 +220,11 @@ export class ApiServer {
         };
       });
     }
-    this.server.stop(true);
+    // Let responses already produced be written, then force whatever is left (idle keep-alives).
+    const server = this.server;
     this.server = null;
+    await Promise.race([server.stop(false), Bun.sleep(Math.min(graceMs, 2000))]);
+    await server.stop(true);
     await unlink(this.opts.socketPath).catch(() => {});
   }
 }

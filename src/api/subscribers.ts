@@ -19,13 +19,19 @@ import { fromParam, intParam, json, readBody, requiredParam } from "./http.ts";
 export const MAX_WAIT_MS = 300_000;
 
 /** GET messages: up to `max` after the cursor, waiting up to `wait` ms for the first. */
-export async function handlePull(req: Request, url: URL, pattern: string, messenger: Messenger): Promise<Response> {
+export async function handlePull(url: URL, pattern: string, messenger: Messenger, signal: AbortSignal): Promise<Response> {
   const name = requiredParam(url, "subscriber");
   const max = intParam(url, "max", 100, 1, 10_000);
   const wait = intParam(url, "wait", 0, 0, MAX_WAIT_MS);
   const sub = messenger.openSubscriber(pattern, name, { from: fromParam(url) });
   let msgs = await sub.fetch({ max });
-  if (msgs.length === 0 && wait > 0 && (await sub.wait(wait, { signal: req.signal }))) msgs = await sub.fetch({ max });
+  // A wake-up may find nothing (a matching channel was created before its first record): wait on.
+  const deadline = performance.now() + wait;
+  while (msgs.length === 0 && !signal.aborted) {
+    const left = deadline - performance.now();
+    if (left <= 0 || !(await sub.wait(left, { signal }))) break;
+    msgs = await sub.fetch({ max });
+  }
   const body = `{"messages":[${msgs.map(envelopeJson).join(",")}]}`;
   return new Response(body, { status: 200, headers: { "content-type": "application/json" } });
 }

@@ -86,6 +86,12 @@ class Reader {
     return v as Obj;
   }
 
+  /** Reads a required key: "is required" when absent, else whatever `read` says. */
+  required<T>(v: unknown, path: string, read: (v: unknown, path: string) => T | undefined, when = ""): T | undefined {
+    if (v === undefined || v === null) return this.fail(path, `is required${when}`);
+    return read.call(this, v, path);
+  }
+
   str(v: unknown, path: string): string | undefined {
     if (v === undefined || v === null) return undefined;
     if (typeof v !== "string" || v.length === 0) return this.fail(path, "must be a non-empty string");
@@ -193,23 +199,23 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
   const tlsRaw = r.obj(top.tls, "tls", ["cert", "key", "ca"]);
   let tls: AgentConfig["tls"];
   if (tlsRaw) {
-    const cert = r.str(tlsRaw.cert, "tls.cert") ?? r.fail("tls.cert", "is required when tls is set");
-    const key = r.str(tlsRaw.key, "tls.key") ?? r.fail("tls.key", "is required when tls is set");
-    const ca = r.str(tlsRaw.ca, "tls.ca") ?? r.fail("tls.ca", "is required when tls is set");
+    const cert = r.required(tlsRaw.cert, "tls.cert", r.str, " when tls is set");
+    const key = r.required(tlsRaw.key, "tls.key", r.str, " when tls is set");
+    const ca = r.required(tlsRaw.ca, "tls.ca", r.str, " when tls is set");
     if (cert && key && ca) tls = { cert, key, ca };
   }
 
   const hubRaw = r.obj(top.hub, "hub", ["listen", "peers"]);
   let hub: AgentConfig["hub"];
   if (hubRaw) {
-    const listen = r.hostPort(hubRaw.listen, "hub.listen") ?? r.fail("hub.listen", "is required when hub is set");
+    const listen = r.required(hubRaw.listen, "hub.listen", r.hostPort, " when hub is set");
     const seen = new Set<string>();
     const peers: PeerConfig[] = [];
     r.list(hubRaw.peers, "hub.peers").forEach((p, i) => {
       const path = `hub.peers[${i}]`;
       const o = r.obj(p, path, ["name", "publish", "subscribe"]);
       if (!o) return void r.fail(path, "must be a mapping");
-      const pname = r.name(o.name, `${path}.name`) ?? r.fail(`${path}.name`, "is required");
+      const pname = r.required(o.name, `${path}.name`, r.name);
       if (pname && seen.has(pname)) r.fail(`${path}.name`, `duplicate peer "${pname}"`);
       if (pname) seen.add(pname);
       const peer = { name: pname ?? "", publish: r.patterns(o.publish, `${path}.publish`), subscribe: r.patterns(o.subscribe, `${path}.subscribe`) };
@@ -223,7 +229,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     const path = `links[${i}]`;
     const o = r.obj(l, path, ["hub", "publish", "subscribe", "start"]);
     if (!o) return void r.fail(path, "must be a mapping");
-    const hubAddr = r.hostPort(o.hub, `${path}.hub`) ?? r.fail(`${path}.hub`, "is required");
+    const hubAddr = r.required(o.hub, `${path}.hub`, r.hostPort);
     const link: LinkConfig = {
       hub: hubAddr ?? "",
       publish: r.patterns(o.publish, `${path}.publish`),
