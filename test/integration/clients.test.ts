@@ -1,0 +1,158 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { spawnLines, tmpDir, waitFor } from "../helpers.ts";
+import { cli, runAgent, type AgentProc } from "./agent-process.ts";
+
+const EXAMPLES = join(import.meta.dir, "..", "..", "examples");
+let agent: AgentProc;
+let dir: string;
+beforeAll(async () => {
+  dir = tmpDir();
+  agent = await runAgent(dir);
+});
+afterAll(async () => {
+  agent.child.proc.kill("SIGTERM");
+  await agent.child.proc.exited;
+});
+
+const env = () => ({ KEYOP_SOCKET: agent.socket });
+async function run(cmd: string[], extraEnv: Record<string, string> = {}) {
+  const p = Bun.spawn(cmd, { stdout: "pipe", stderr: "pipe", env: { ...process.env, ...env(), ...extraEnv } });
+  const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+  return { out, err, code };
+}
+const channelInfo = async (ch: string) =>
+  ((await (await fetch("http://k/v1/channels", { unix: agent.socket } as RequestInit)).json()) as { channels: any[] }).channels.find((c) => c.channel === ch);
+
+describe("examples in other languages", () => {
+  test("Python (stdlib only): publisher, then streaming subscriber with acks", async () => {
+    const pub = await run(["python3", join(EXAMPLES, "python/publish.py"), "py.readings", "25"]);
+    expect(pub.err).toBe("");
+    expect(pub.code).toBe(0);
+    const receipts = pub.out.trim().split("\n").map((l) => JSON.parse(l));
+    expect(receipts.map((r) => r.seq)).toEqual(Array.from({ length: 25 }, (_, i) => i + 1));
+    const sub = await run(["python3", join(EXAMPLES, "python/subscribe.py"), "py.readings", "py-reader", "25"]);
+    expect(sub.code).toBe(0);
+    const got = sub.out.trim().split("\n").map((l) => JSON.parse(l));
+    expect(got.map((m) => m.payload.n)).toEqual(Array.from({ length: 25 }, (_, i) => i));
+    expect(got.map((m) => m.id)).toEqual(receipts.map((r) => r.id));
+    await waitFor(async () => (await channelInfo("py.readings")).subscribers.find((s: any) => s.name === "py-reader")?.cursor === 26, "python acks applied");
+  });
+
+  test("shell: publish, pull and ack with curl --unix-socket", async () => {
+    const r = await run(["sh", join(EXAMPLES, "shell/pubsub.sh"), "sh.events", "sh-reader"]);
+    expect(r.err).toBe("");
+    expect(r.code).toBe(0);
+    const lines = r.out.trim().split("\n");
+    expect(JSON.parse(lines[0]!)).toMatchObject({ channel: "sh.events", seq: 1 });
+    expect(JSON.parse(lines[2]!).messages.map((m: any) => m.payload.door)).toEqual(["open", "closed"]);
+    expect(JSON.parse(lines[3]!)).toMatchObject({ channel: "sh.events", cursor: 3 });
+  });
+
+  test("C: compiled with cc, publishes over POSIX sockets", async () => {
+    const bin = join(tmpDir(), "publish");
+    const cc = await run(["cc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", bin, join(EXAMPLES, "c/publish.c")]);
+    expect(cc.err).toBe("");
+    expect(cc.code).toBe(0);
+    const r = await run([bin, agent.socket, "c.demo", '{"from":"c","v":[1,2,3]}']);
+    expect(r.code).toBe(0);
+    expect(r.out).toMatch(/^201 \{"id":"[0-9a-f-]+","channel":"c.demo","seq":1,"ts":\d+\}/);
+    const bad = await run([bin, agent.socket, "c..bad", "1"]);
+    expect(bad.code).toBe(1);
+    expect(bad.out).toContain("400");
+    expect(bad.out).toContain("invalid_channel");
+  });
+});
+
+describe("CLI", () => {
+  test("pub (argument and stdin), pull with ack, --no-ack", async () => {
+    const one = await cli(["pub", "cli.a", '{"x":1}', "--type", "demo", "--correlation-id", "c9", "--service", "svc"], { env: env() });
+    expect(one.code).toBe(0);
+    expect(JSON.parse(one.out)).toMatchObject({ channel: "cli.a", seq: 1 });
+    const many = await cli(["pub", "cli.a", "-"], { env: env(), stdin: '{"x":2}\n\n{"x":3}\n"four"' });
+    expect(many.code).toBe(0);
+    expect(many.out.trim().split("\n").map((l) => JSON.parse(l).seq)).toEqual([2, 3, 4]);
+    const peek = await cli(["pull", "cli.a", "--name", "reader", "--no-ack", "--max", "2"], { env: env() });
+    expect(peek.out).toBe(""); // a new subscriber starts at latest
+    await cli(["pub", "cli.a", "5"], { env: env() });
+    let p = await cli(["pull", "cli.a", "--name", "reader", "--no-ack"], { env: env() });
+    expect(p.out.trim().split("\n").map((l) => JSON.parse(l).payload)).toEqual([5]);
+    p = await cli(["pull", "cli.a", "--name", "reader"], { env: env() });
+    expect(p.out.trim().split("\n").map((l) => JSON.parse(l).payload)).toEqual([5]);
+    p = await cli(["pull", "cli.a", "--name", "reader", "--wait", "0.2"], { env: env() });
+    expect(p.out).toBe("");
+    const first = JSON.parse(one.out);
+    const all = await cli(["pull", "cli.a", "--name", "fresh", "--max", "1"], { env: env() });
+    expect(all.out).toBe("");
+    const hist = await fetch(`http://k/v1/channels/cli.a/messages?subscriber=hist&from=earliest&max=1`, { unix: agent.socket } as RequestInit);
+    expect(((await hist.json()) as any).messages[0]).toMatchObject({ id: first.id, type: "demo", correlation_id: "c9", service_name: "svc" });
+  });
+
+  test("sub prints envelopes and acks them; --max stops; --socket flag works", async () => {
+    for (let i = 1; i <= 3; i++) await cli(["pub", "cli.sub", String(i)], { env: env() });
+    const r = await cli(["sub", "cli.sub", "--name", "s1", "--from", "earliest", "--max", "3", "--socket", agent.socket]);
+    expect(r.code).toBe(0);
+    expect(r.out.trim().split("\n").map((l) => JSON.parse(l).payload)).toEqual([1, 2, 3]);
+    expect((await channelInfo("cli.sub")).subscribers.find((s: any) => s.name === "s1").cursor).toBe(4);
+  });
+
+  test("sub --exec acks only when the command exits 0, retrying otherwise", async () => {
+    const work = tmpDir();
+    const script = join(work, "handler.sh");
+    // Fails the first time it sees seq 2, then succeeds; records every envelope it handled.
+    writeFileSync(script, `#!/bin/sh\nset -e\ncat > "${work}/last.json"\nif [ "$KEYOP_SEQ" = 2 ] && [ ! -e "${work}/failed-once" ]; then touch "${work}/failed-once"; exit 3; fi\necho "$KEYOP_CHANNEL $KEYOP_SEQ" >> "${work}/done.txt"\n`);
+    for (let i = 1; i <= 3; i++) await cli(["pub", "cli.exec", String(i)], { env: env() });
+    const r = await cli(["sub", "cli.exec", "--name", "x", "--from", "earliest", "--exec", `sh ${script}`, "--max", "3"], { env: env() });
+    expect(r.code).toBe(0);
+    expect(await Bun.file(join(work, "done.txt")).text()).toBe("cli.exec 1\ncli.exec 2\ncli.exec 3\n");
+    expect(r.err).toContain("--exec exited 3 for cli.exec seq 2 (attempt 1)");
+    expect(JSON.parse(await Bun.file(join(work, "last.json")).text())).toMatchObject({ seq: 3, payload: 3 });
+  });
+
+  test("sub keeps going across an agent restart (reconnects, resumes at the acked cursor)", async () => {
+    const d = tmpDir();
+    let a2 = await runAgent(d);
+    const sub = spawnLines([process.execPath, join(import.meta.dir, "..", "..", "src", "main.ts"), "sub", "cli.rs", "--name", "r", "--from", "earliest", "--max", "4"], { KEYOP_SOCKET: a2.socket });
+    await cli(["pub", "cli.rs", "1"], { env: { KEYOP_SOCKET: a2.socket } });
+    await cli(["pub", "cli.rs", "2"], { env: { KEYOP_SOCKET: a2.socket } });
+    await waitFor(() => sub.lines.length === 2, "two before restart");
+    a2.child.proc.kill("SIGTERM");
+    await a2.child.proc.exited;
+    a2 = await runAgent(d);
+    await cli(["pub", "cli.rs", "3"], { env: { KEYOP_SOCKET: a2.socket } });
+    await cli(["pub", "cli.rs", "4"], { env: { KEYOP_SOCKET: a2.socket } });
+    expect(await sub.proc.exited).toBe(0);
+    expect(sub.lines.map((l) => JSON.parse(l).payload)).toEqual([1, 2, 3, 4]);
+    a2.child.proc.kill("SIGTERM");
+    await a2.child.proc.exited;
+  }, 60_000);
+
+  test("channels, status, version, help, and exit codes", async () => {
+    const ch = await cli(["channels"], { env: env() });
+    expect(ch.code).toBe(0);
+    expect(ch.out.split("\n")[0]).toMatch(/^CHANNEL\s+FIRST\s+NEXT\s+MESSAGES\s+BYTES\s+SUBSCRIBERS/);
+    expect(JSON.parse((await cli(["channels", "--json"], { env: env() })).out).channels.length).toBeGreaterThan(0);
+    const st = await cli(["status"], { env: env() });
+    expect(st.out).toMatch(/^name: +\S+/m);
+    expect(JSON.parse((await cli(["status", "--json"], { env: env() })).out).pid).toBe(agent.child.proc.pid);
+    expect((await cli(["version"])).out).toMatch(/^keyop \d+\.\d+\.\d+ \(commit \w+, bun [\d.]+, linux-\w+\)\n$/);
+    for (const c of ["run", "pub", "sub", "pull", "channels", "status", "version"]) {
+      const h = await cli([c, "--help"]);
+      expect(h.code).toBe(0);
+      expect(h.out).toStartWith(`usage: keyop ${c}`);
+    }
+    const usage: string[][] = [["pub"], ["pub", "a", "{bad"], ["sub", "a"], ["pull", "a", "--name"], ["nope"], ["pull", "a", "--name", "x", "--max", "0"], ["channels", "extra"]];
+    for (const args of usage) {
+      const r = await cli(args, { env: env() });
+      expect(r.code).toBe(2);
+      expect(r.err.trim().split("\n").length).toBe(1);
+    }
+    const down = await cli(["status"], { env: { KEYOP_SOCKET: join(dir, "nothing.sock") } });
+    expect(down.code).toBe(1);
+    expect(down.err).toContain("cannot reach keyop at");
+    const refused = await cli(["pub", "a..b", "1"], { env: env() });
+    expect(refused.code).toBe(1);
+    expect(refused.err).toContain('channel "a..b" has an empty token');
+  }, 60_000);
+});
