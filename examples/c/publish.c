@@ -6,6 +6,7 @@
  *   ./publish SOCKET CHANNEL 'JSON-PAYLOAD' [TYPE]
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,10 @@ int main(int argc, char **argv) {
     const char *sock_path = argv[1], *channel = argv[2], *payload = argv[3];
     const char *type = argc == 5 ? argv[4] : "example.c";
 
+    /* The agent may answer (e.g. 400 for a bad channel) and close before the whole body is
+       sent: a write then fails with EPIPE, which must not kill us before we read the answer. */
+    signal(SIGPIPE, SIG_IGN);
+
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(sock_path) >= sizeof addr.sun_path) {
         fprintf(stderr, "socket path too long\n");
@@ -61,7 +66,11 @@ int main(int argc, char **argv) {
                         "Content-Length: %d\r\n"
                         "Connection: close\r\n\r\n",
                         channel, blen);
-    if (hlen < 0 || (size_t)hlen >= sizeof head || write_all(fd, head, (size_t)hlen) || write_all(fd, body, (size_t)blen)) {
+    if (hlen < 0 || (size_t)hlen >= sizeof head) {
+        fprintf(stderr, "channel name too long for this example\n");
+        return 2;
+    }
+    if ((write_all(fd, head, (size_t)hlen) || write_all(fd, body, (size_t)blen)) && errno != EPIPE) {
         fprintf(stderr, "write failed: %s\n", strerror(errno));
         return 1;
     }
