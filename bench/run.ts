@@ -3,10 +3,13 @@
  * bench/results/<date>-bench.json. `--quick` shortens every scenario.
  */
 import { benchStorage } from "./storage.ts";
+import { benchApi } from "./api.ts";
 import { printTable, writeResults, type Row } from "./lib.ts";
 
 const quick = process.argv.includes("--quick");
 const rows: Row[] = [];
-rows.push(...(await benchStorage({ quick })));
+const only = process.argv.find((a) => a.startsWith("--only="))?.slice(7);
+if (!only || only === "storage") rows.push(...(await benchStorage({ quick })));
+if (!only || only === "api") rows.push(...(await benchApi({ quick })));
 printTable(`keyop benchmarks${quick ? " (quick)" : ""}`, rows);
 console.log(`\nresults: ${writeResults(quick ? "bench-quick" : "bench", rows)}`);

@@ -26,9 +26,11 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
 };
 
 /** A JSON response. */
-export function json(status: number, body: unknown, headers: Record<string, string> = {}): Response {
-  return new Response(JSON.stringify(body), { status, headers: { "content-type": "application/json", ...headers } });
+export function json(status: number, body: unknown): Response {
+  return new Response(JSON.stringify(body), { status, headers: JSON_HEADERS });
 }
+
+const JSON_HEADERS = { "content-type": "application/json" } as const;
 
 /** `{"error":{"code","message"}}` with the given status. */
 export function errorBody(status: number, code: string, message: string): Response {
@@ -50,6 +52,10 @@ export function statusOf(err: unknown): number {
 export async function readBody(req: Request, limit: number): Promise<Uint8Array> {
   const declared = Number(req.headers.get("content-length") ?? NaN);
   if (declared > limit) throw new TooLargeError(`body of ${declared} bytes exceeds the limit of ${limit}`);
+  if (Number.isFinite(declared)) {
+    // Length known and within the limit: one read, far cheaper than iterating the stream.
+    return new Uint8Array(await req.arrayBuffer());
+  }
   if (!req.body) return new Uint8Array(0);
   const chunks: Uint8Array[] = [];
   let total = 0;
