@@ -130,6 +130,7 @@ async function streamRate(socket: string, total: number): Promise<number> {
     if (got >= total) break;
   }
   const rate = got / ((performance.now() - t0) / 1000);
+  await acking;
   acker.close();
   return rate;
 }

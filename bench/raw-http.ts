@@ -21,6 +21,7 @@ export class RawHttp {
       unix: path,
       socket: {
         data: (_s, chunk) => c.onData(chunk),
+        drain: () => c.flush(),
         close: () => c.failer?.(new Error("connection closed")),
         error: (_s, e) => c.failer?.(e),
       },
@@ -40,8 +41,18 @@ export class RawHttp {
     return new Promise((resolve, reject) => {
       this.waiter = resolve;
       this.failer = reject;
-      this.sock.write(req);
+      this.pending = req;
+      this.flush();
     });
+  }
+
+  private pending: Uint8Array | null = null;
+
+  /** Writes what is left of the request; a large body goes out over several drains. */
+  private flush(): void {
+    if (!this.pending) return;
+    const n = this.sock.write(this.pending);
+    this.pending = n >= this.pending.length ? null : this.pending.subarray(Math.max(0, n));
   }
 
   private onData(chunk: Buffer): void {
@@ -61,6 +72,8 @@ export class RawHttp {
   }
 
   close(): void {
+    this.waiter = null;
+    this.failer = null;
     this.sock.end();
   }
 }
