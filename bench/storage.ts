@@ -70,6 +70,14 @@ async function publishRate(sync: SyncMode, workers: number, seconds: number): Pr
   return rate;
 }
 
+/**
+ * Flushes dirty pages system-wide so a scenario does not pay for the
+ * writeback of the one before it (a `sync: none` run leaves hundreds of MB).
+ */
+function settle(): void {
+  Bun.spawnSync(["sync"]);
+}
+
 /** Publish-to-handler latency at a steady `rate` msg/s under sync always. */
 async function handlerLatency(rate: number, seconds: number): Promise<{ p50: number; p99: number; max: number; n: number; fsyncP99: number }> {
   const dir = root();
@@ -134,7 +142,7 @@ function probe(dir: string, consume: boolean): Record<string, number> {
 }
 
 /** Runs every storage scenario and returns its rows. */
-export async function benchStorage(opts: { quick?: boolean } = {}): Promise<Row[]> {
+export async function benchStorage(opts: { quick?: boolean; only?: string } = {}): Promise<Row[]> {
   const secs = opts.quick ? 1 : 3;
   const rows: Row[] = [];
   // The disk of a shared VM drifts: bracket the durable figures with two floor runs and use their mean.
@@ -147,6 +155,7 @@ export async function benchStorage(opts: { quick?: boolean } = {}): Promise<Row[
   rows.push({ group: "floor", metric: "write+fdatasync (promise datasync)", value: floor.promiseOpsPerSec, unit: "ops/s", note: `${(1e6 / floor.promiseOpsPerSec).toFixed(0)} µs each` });
   for (const sync of ["always", "interval", "none"] as const) {
     for (const workers of [1, 64]) {
+      settle();
       const rate = sync === "always" && workers === 1 ? seq1 : await publishRate(sync, workers, secs);
       let note = "";
       if (sync === "always" && workers === 1) note = `${(1e6 / rate).toFixed(0)} µs each = ${(floor.syncOpsPerSec / rate).toFixed(2)}x floor (target <= 1.5x)`;
@@ -154,6 +163,7 @@ export async function benchStorage(opts: { quick?: boolean } = {}): Promise<Row[
       rows.push({ group: `publish sync=${sync}`, metric: `${workers} concurrent`, value: rate, unit: "msg/s", note });
     }
   }
+  settle();
   const lat = await handlerLatency(1000, opts.quick ? 2 : 5);
   rows.push({ group: "publish->handler @1000/s", metric: "p50", value: lat.p50, unit: "ms" });
   rows.push({ group: "publish->handler @1000/s", metric: "p99", value: lat.p99, unit: "ms", note: `target < 5 ms; the disk's own fdatasync p99 in this run: ${lat.fsyncP99.toFixed(2)} ms` });

@@ -14,7 +14,7 @@
  * not commit file-size metadata, which on ext4 roughly halves its cost for
  * batched writes (docs/storage.md has the figures).
  */
-import { mkdir, open, readdir, stat, unlink } from "node:fs/promises";
+import { mkdir, open, readdir, stat, unlink, type FileHandle } from "node:fs/promises";
 import { ftruncateSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { ClosedError, ioErrorFrom, TooLargeError, type KeyopError } from "../errors.ts";
@@ -109,6 +109,8 @@ export class ChannelLog {
   /** Bumped when an fdatasync fails: writes of an older epoch are void. */
   private epoch = 0;
   private syncError: KeyopError | null = null;
+  /** The zero-fill of the next preallocation step, running on the thread pool. */
+  private extending: Promise<void> | null = null;
   /** Seq the next committed record gets: everything below is visible. */
   nextSeq: number;
 
@@ -292,7 +294,8 @@ export class ChannelLog {
     const firstSeq = this.writeSeq;
     const buf = encodeRecords(firstSeq, chunk.map((p) => p.body));
     const pos = this.writeEnd;
-    this.ensureAllocated(seg, fh.fd, pos + buf.length);
+    // Zeros being written must never land on a record: wait for a fill this write would cross.
+    if (this.extending && pos + buf.length > seg.allocated) await this.extending;
     try {
       let done = 0;
       while (done < buf.length) done += writeSync(fh.fd, buf, done, buf.length - done, pos + done);
@@ -305,6 +308,7 @@ export class ChannelLog {
     this.writeSeq = firstSeq + chunk.length;
     // Without preallocation (or when it failed) the records themselves grew the file.
     if (this.writeEnd > seg.allocated) seg.allocated = this.writeEnd;
+    this.preallocateAhead(seg, fh);
     if (this.opts.sync !== "always") {
       this.dirty = true;
       this.commit(seg, pos, firstSeq, chunk, buf);
@@ -374,20 +378,33 @@ export class ChannelLog {
     }
   }
 
-  /** Writes zeros ahead of `end` so that record writes overwrite allocated blocks. */
-  private ensureAllocated(seg: Segment, fd: number, end: number): void {
-    if (this.preallocate <= 0 || end <= seg.allocated) return;
-    const target = Math.max(end, Math.min(seg.allocated + this.preallocate, this.opts.segmentBytes));
+  /**
+   * Starts zero-filling the next step of the active segment on the thread
+   * pool once the written end comes within half a step of the allocated end,
+   * so record writes keep landing on allocated blocks without the event loop
+   * ever waiting for a megabyte of zeros.
+   */
+  private preallocateAhead(seg: Segment, fh: FileHandle): void {
+    if (this.preallocate <= 0 || this.extending || this.closed) return;
+    if (this.writeEnd + this.preallocate / 2 <= seg.allocated) return;
+    const from = seg.allocated;
+    const to = Math.min(from + this.preallocate, Math.max(this.opts.segmentBytes, from));
+    if (to <= from) return;
     zeroBlock ??= new Uint8Array(PREALLOCATE_BYTES);
-    try {
-      let at = seg.allocated;
-      while (at < target) at += writeSync(fd, zeroBlock, 0, Math.min(zeroBlock.length, target - at), at);
-      seg.allocated = target;
-    } catch {
-      // No room to preallocate (disk nearly full): drop the partial zeros, never a written record,
-      // and let the record write try on its own.
-      this.cutTo(seg, fd, Math.max(seg.allocated, this.writeEnd));
-    }
+    const epoch = this.epoch;
+    this.extending = (async () => {
+      try {
+        let at = from;
+        while (at < to) at += (await fh.write(zeroBlock!, 0, Math.min(zeroBlock!.length, to - at), at)).bytesWritten;
+        if (epoch === this.epoch && seg.allocated === from) seg.allocated = to;
+      } catch {
+        // No room to preallocate (disk nearly full): drop the partial zeros (nothing was
+        // written past `from` meanwhile) and let record writes extend the file themselves.
+        if (epoch === this.epoch && seg.allocated === from) this.cutTo(seg, fh.fd, Math.max(from, this.writeEnd));
+      } finally {
+        this.extending = null;
+      }
+    })();
   }
 
   /** Truncates the active segment to `size`, dropping preallocated space after it. */
@@ -412,6 +429,7 @@ export class ChannelLog {
   /** Seals the active segment (cut to its records, synced) and starts a new one. */
   private async roll(): Promise<Segment> {
     await this.drain();
+    if (this.extending) await this.extending;
     const old = this.segments[this.segments.length - 1]!;
     const oldFh = await old.handle();
     this.cutTo(old, oldFh.fd, old.size);
@@ -536,6 +554,7 @@ export class ChannelLog {
     this.closed = true;
     while (this.flushing) await this.flushing;
     await this.drain();
+    if (this.extending) await this.extending;
     if (this.syncTimer) clearInterval(this.syncTimer);
     const active = this.segments[this.segments.length - 1]!;
     const fh = active.openHandle;

@@ -57,8 +57,13 @@ export function lockDataDir(dataDir: string): DirLock {
       throw new LockedError(`data directory ${dataDir} is in use by another keyop process (pid ${pid})`);
     }
   }
-  ftruncateSync(fd, 0);
-  writeSync(fd, `${process.pid}\n`, 0);
+  try {
+    // Only for the error message of a refused process: a full disk must not stop the start.
+    ftruncateSync(fd, 0);
+    writeSync(fd, `${process.pid}\n`, 0);
+  } catch {
+    // keep going without the pid
+  }
   let released = false;
   return {
     path,

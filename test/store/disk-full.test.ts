@@ -1,6 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
+import { startTestAgent } from "../helpers.ts";
 import { join } from "node:path";
 import { Messenger } from "../../src/index.ts";
 import { DiskFullError } from "../../src/errors.ts";
@@ -59,7 +60,50 @@ describe.skipIf(skipReason !== null)("disk full", () => {
     logLines.length = 0;
     m = await Messenger.open({ name: "df", storage: { dataDir, segmentBytes: 256 * 1024 }, logger });
     expect(logLines.some((l) => l.includes("recovered torn tail"))).toBe(false);
+    await m.close();
+    // Starting on a full disk works too: reads are served, publishes fail with disk_full.
+    writeFileSync(join(mnt, "filler2"), new Uint8Array(4 * 1024 * 1024).subarray(0, 0));
+    let big: Uint8Array | null = new Uint8Array(64 * 1024);
+    try {
+      for (let i = 0; ; i++) writeFileSync(join(mnt, `fill-${i}`), big);
+    } catch {
+      big = null;
+    }
+    m = await Messenger.open({ name: "df", storage: { dataDir, segmentBytes: 256 * 1024 }, logger });
+    await expect(m.publish("fill", "t", { payload })).rejects.toMatchObject({ code: "disk_full" });
+    expect(m.stats().channels.find((c) => c.channel === "fill")!.nextSeq).toBe(acked.length + 2);
+    for (const f of (await import("node:fs")).readdirSync(mnt)) if (f.startsWith("fill")) rmSync(join(mnt, f));
     expect(m.stats().channels.find((c) => c.channel === "fill")!.nextSeq).toBe(acked.length + 2);
     await m.close();
   });
+
+  test("over HTTP: 507 disk_full, reads keep working, 201 again after space is freed", async () => {
+    rmSync(join(mnt, "data"), { recursive: true, force: true }); // the first test's log
+    const dir = join(mnt, "http");
+    mkdirSync(dir);
+    const filler = join(mnt, "filler-http");
+    writeFileSync(filler, new Uint8Array(1024 * 1024));
+    const a = await startTestAgent({ storage: { segment_bytes: "256KiB" } }, undefined, dir);
+    try {
+      const body = JSON.stringify({ type: "t", payload: "z".repeat(8000) });
+      let last: Response | undefined;
+      let ok = 0;
+      for (let i = 0; i < 1000; i++) {
+        last = await a.call("POST", "/v1/channels/full/messages", body);
+        if (last.status !== 201) break;
+        ok++;
+      }
+      expect(last!.status).toBe(507);
+      expect(((await last!.json()) as any).error.code).toBe("disk_full");
+      const pulled = (await (await a.call("GET", "/v1/channels/full/messages?subscriber=r&from=earliest&max=10000")).json()) as any;
+      expect(pulled.messages.length).toBe(ok);
+      rmSync(filler);
+      const after = await a.call("POST", "/v1/channels/full/messages", JSON.stringify({ type: "t", payload: "after" }));
+      expect(after.status).toBe(201);
+      expect(((await after.json()) as any).seq).toBe(ok + 1);
+    } finally {
+      await a.stop();
+    }
+  });
 });
+
