@@ -55,9 +55,11 @@ export function rssOf(pid: number): number {
   return m ? Number(m[1]) / 1024 : NaN;
 }
 
-/** `conns` connections each publishing one message at a time for `seconds`. */
-export async function publishRate(socket: string, conns: number, seconds: number): Promise<{ rate: number; errors: number }> {
-  const req = RawHttp.request("POST", "/v1/channels/bench.api/messages", JSON.stringify({ type: "t", payload: PAYLOAD }));
+/**
+ * Sends `req` over `conns` keep-alive connections, one request in flight on
+ * each, for `seconds`; counts `perRequest` messages per 201 answer.
+ */
+async function drive(socket: string, req: Uint8Array, conns: number, seconds: number, perRequest: number): Promise<{ rate: number; errors: number }> {
   const clients = await Promise.all(Array.from({ length: conns }, () => RawHttp.connect(socket)));
   let n = 0;
   let errors = 0;
@@ -67,7 +69,7 @@ export async function publishRate(socket: string, conns: number, seconds: number
     clients.map(async (c) => {
       while (performance.now() < end) {
         const r = await c.send(req);
-        if (r.status === 201) n++;
+        if (r.status === 201) n += perRequest;
         else errors++;
       }
     }),
@@ -77,26 +79,19 @@ export async function publishRate(socket: string, conns: number, seconds: number
   return { rate, errors };
 }
 
+/** `conns` connections each publishing one message at a time for `seconds`. */
+export function publishRate(socket: string, conns: number, seconds: number): Promise<{ rate: number; errors: number }> {
+  const req = RawHttp.request("POST", "/v1/channels/bench.api/messages", JSON.stringify({ type: "t", payload: PAYLOAD }));
+  return drive(socket, req, conns, seconds, 1);
+}
+
 /** NDJSON batches of `batch` messages from `conns` connections for `seconds`. */
-async function batchRate(socket: string, conns: number, batch: number, seconds: number, channel = "bench.batch"): Promise<number> {
+async function batchRate(socket: string, conns: number, batch: number, seconds: number): Promise<number> {
   const line = JSON.stringify({ type: "t", payload: PAYLOAD });
-  const req = RawHttp.request("POST", `/v1/channels/${channel}/messages`, Array(batch).fill(line).join("\n") + "\n", "application/x-ndjson");
-  const clients = await Promise.all(Array.from({ length: conns }, () => RawHttp.connect(socket)));
-  let n = 0;
-  const t0 = performance.now();
-  const end = t0 + seconds * 1000;
-  await Promise.all(
-    clients.map(async (c) => {
-      while (performance.now() < end) {
-        const r = await c.send(req);
-        if (r.status !== 201) throw new Error(`batch publish answered ${r.status}: ${r.body}`);
-        n += batch;
-      }
-    }),
-  );
-  const rate = n / ((performance.now() - t0) / 1000);
-  for (const c of clients) c.close();
-  return rate;
+  const req = RawHttp.request("POST", "/v1/channels/bench.batch/messages", Array(batch).fill(line).join("\n") + "\n", "application/x-ndjson");
+  const r = await drive(socket, req, conns, seconds, batch);
+  if (r.errors > 0) throw new Error(`${r.errors} batch publishes were refused`);
+  return r.rate;
 }
 
 /** Streams `total` stored messages to one subscriber, acking every 1000; messages/s. */

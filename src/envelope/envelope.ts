@@ -53,21 +53,27 @@ const packr = new Packr({ useRecords: false, moreTypes: false, int64AsType: "num
 /** Longest payload type name, correlation id or service name. */
 export const MAX_LABEL_BYTES = 256;
 
+/**
+ * The snake_case map of SPEC §2 in its documented key order; `seq` is
+ * included only for the wire form (the stored body has it in the header).
+ */
+function snake(f: EnvelopeFields & { v?: number }, seq?: number): Record<string, unknown> {
+  const out: Record<string, unknown> = { v: f.v ?? ENVELOPE_VERSION, id: f.id };
+  if (seq !== undefined) out.seq = seq;
+  out.ts = f.ts;
+  out.channel = f.channel;
+  out.origin = f.origin;
+  out.type = f.type;
+  if (f.correlationId !== undefined) out.correlation_id = f.correlationId;
+  if (f.serviceName !== undefined) out.service_name = f.serviceName;
+  out.route = f.route;
+  out.payload = f.payload === undefined ? null : f.payload;
+  return out;
+}
+
 /** Encodes the stored body of an envelope (everything but `seq`). */
 export function encodeEnvelope(f: EnvelopeFields): Uint8Array {
-  const body: Record<string, unknown> = {
-    v: ENVELOPE_VERSION,
-    id: f.id,
-    ts: f.ts,
-    channel: f.channel,
-    origin: f.origin,
-    type: f.type,
-  };
-  if (f.correlationId !== undefined) body.correlation_id = f.correlationId;
-  if (f.serviceName !== undefined) body.service_name = f.serviceName;
-  body.route = f.route;
-  body.payload = f.payload === undefined ? null : f.payload;
-  return packr.pack(body);
+  return packr.pack(snake(f));
 }
 
 /**
@@ -97,20 +103,7 @@ export function decodeEnvelope<T = unknown>(body: Uint8Array, seq: number): Mess
 
 /** The JSON form of the HTTP API and CLI: snake_case keys, `seq` included. */
 export function toWire(msg: Message): Record<string, unknown> {
-  const out: Record<string, unknown> = {
-    v: msg.v,
-    id: msg.id,
-    seq: msg.seq,
-    ts: msg.ts,
-    channel: msg.channel,
-    origin: msg.origin,
-    type: msg.type,
-  };
-  if (msg.correlationId !== undefined) out.correlation_id = msg.correlationId;
-  if (msg.serviceName !== undefined) out.service_name = msg.serviceName;
-  out.route = msg.route;
-  out.payload = msg.payload;
-  return out;
+  return snake(msg, msg.seq);
 }
 
 /** Throws unless `value` is a non-empty label of at most MAX_LABEL_BYTES. */
