@@ -27,7 +27,8 @@ export type ErrorCode =
   | "method_not_allowed"
   | "unsupported_media_type"
   | "shutting_down"
-  | "in_use";
+  | "in_use"
+  | "peer_rejected";
 
 /** Base class so callers can catch every keyop error with one `instanceof`. */
 export class KeyopError extends Error {
@@ -159,5 +160,12 @@ export class UnknownChannelError extends KeyopError {
 export class InUseError extends KeyopError {
   constructor(message: string) {
     super("in_use", message);
+  }
+}
+
+/** A TLS peer failed verification (chain, validity, usage, name); its connection is closed. */
+export class PeerRejectedError extends KeyopError {
+  constructor(message: string) {
+    super("peer_rejected", message);
   }
 }

@@ -11,6 +11,7 @@ import { cmdPub } from "./cli/pub.ts";
 import { cmdSub } from "./cli/sub.ts";
 import { cmdPull } from "./cli/pull.ts";
 import { cmdChannels, cmdStatus, cmdVersion } from "./cli/info.ts";
+import { cmdCert } from "./cli/cert.ts";
 
 const USAGE = `usage: keyop <command> [options]
 
@@ -20,6 +21,7 @@ const USAGE = `usage: keyop <command> [options]
   pull       pull messages once
   channels   list channels and subscribers
   status     show the agent's status
+  cert       make and inspect federation certificates (ca, issue, inspect)
   version    print the version
 
 "keyop <command> --help" describes each command.`;
@@ -32,6 +34,7 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   channels: cmdChannels,
   status: cmdStatus,
   version: cmdVersion,
+  cert: cmdCert,
 };
 
 /** Runs the command line `argv` (without the executable); resolves with the exit code. */

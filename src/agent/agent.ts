@@ -9,6 +9,7 @@ import { KeyopError } from "../errors.ts";
 import { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import { COMMIT, VERSION } from "../version.ts";
+import { expiryWarnings, loadTlsMaterial, type TlsMaterial } from "../pki/tls.ts";
 
 /** Largest NDJSON or msgpack batch body: 16 MiB, or one message if larger. */
 export function batchLimit(maxMessageBytes: number): number {
@@ -24,7 +25,10 @@ export class Agent {
   private readonly startedAt = Date.now();
   private stopping: Promise<void> | null = null;
 
-  private constructor(config: AgentConfig, messenger: Messenger, api: ApiServer, logger: Logger) {
+  private tls: TlsMaterial | undefined;
+
+  private constructor(config: AgentConfig, messenger: Messenger, api: ApiServer, logger: Logger, tls: TlsMaterial | undefined) {
+    this.tls = tls;
     this.config = config;
     this.messenger = messenger;
     this.api = api;
@@ -33,11 +37,18 @@ export class Agent {
 
   /** Opens the data directory and starts serving the API socket. */
   static async start(config: AgentConfig, logger: Logger): Promise<Agent> {
-    if (config.hub || config.links.length > 0) {
+    const federated = config.hub !== undefined || config.links.length > 0;
+    if (federated && process.env.NODE_TLS_REJECT_UNAUTHORIZED === "0") {
+      throw new KeyopError("invalid_config", "NODE_TLS_REJECT_UNAUTHORIZED=0 is set: refusing to run federation with certificate checks weakened; unset it");
+    }
+    if (federated) {
       throw new KeyopError("invalid_config", "hub and links (federation) are not available in this build yet; remove them to run the local agent");
     }
+    const tls = config.tls ? await loadTlsMaterial(config.tls) : undefined;
+    if (tls) for (const w of expiryWarnings(tls)) logger.warn("certificate expiry", { warning: w });
     const messenger = await Messenger.open({
-      name: config.name,
+      // With TLS the instance is who its certificate says it is.
+      name: config.name ?? tls?.name,
       storage: {
         dataDir: config.storage.dataDir,
         sync: config.storage.sync,
@@ -60,7 +71,7 @@ export class Agent {
         status: () => agent!.statusFields(),
         gauges: () => ({ keyop_uptime_seconds: { help: "Seconds since the agent started.", value: (Date.now() - (agent?.startedAt ?? Date.now())) / 1000 } }),
       });
-      agent = new Agent(config, messenger, api, logger);
+      agent = new Agent(config, messenger, api, logger, tls);
     } catch (err) {
       await messenger.close();
       throw err;
@@ -79,8 +90,34 @@ export class Agent {
       uptime_s: Math.round((Date.now() - this.startedAt) / 1000),
       data_dir: resolve(this.config.storage.dataDir),
       sync: this.config.storage.sync,
+      tls: this.tls ? tlsStatus(this.tls) : null,
       links: [],
     };
+  }
+
+  /**
+   * Re-reads tls.{cert,key,ca} (SIGHUP). New connections use the new
+   * material; if a file is broken the old material stays and the error is
+   * logged. Resolves true when the new material is in force.
+   */
+  async reloadTls(): Promise<boolean> {
+    if (!this.config.tls) {
+      this.logger.info("reload: nothing to reload (no tls configured)");
+      return false;
+    }
+    try {
+      const next = await loadTlsMaterial(this.config.tls);
+      if (this.tls && next.name !== this.tls.name) {
+        throw new KeyopError("invalid_config", `the new certificate is for "${next.name}", this instance is "${this.tls.name}"`);
+      }
+      this.tls = next;
+      for (const w of expiryWarnings(next)) this.logger.warn("certificate expiry", { warning: w });
+      this.logger.info("tls material reloaded", tlsStatus(next));
+      return true;
+    } catch (err) {
+      this.logger.error("tls reload failed, keeping the current certificate", { error: err instanceof Error ? err.message : String(err) });
+      return false;
+    }
   }
 
   /**
@@ -96,4 +133,17 @@ export class Agent {
     })();
     return this.stopping;
   }
+}
+
+/** Certificate facts for /v1/status and logs. */
+function tlsStatus(m: TlsMaterial): Record<string, unknown> {
+  const days = (d: Date) => Math.floor((d.getTime() - Date.now()) / 86_400_000);
+  return {
+    name: m.name,
+    cert_not_after: m.own.notAfter.toISOString(),
+    cert_days_left: days(m.own.notAfter),
+    ca: m.ca.subject,
+    ca_not_after: m.ca.notAfter.toISOString(),
+    ca_days_left: days(m.ca.notAfter),
+  };
 }

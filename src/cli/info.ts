@@ -32,6 +32,10 @@ export async function cmdChannels(argv: string[]): Promise<number> {
   return 0;
 }
 
+function tlsLine(t: Record<string, unknown>): string {
+  return `${t.name}, certificate expires ${t.cert_not_after} (${t.cert_days_left} days), CA ${t.ca} expires ${t.ca_not_after} (${t.ca_days_left} days)`;
+}
+
 /** `keyop status`. */
 export async function cmdStatus(argv: string[]): Promise<number> {
   const p = parseArgs(argv, { json: "boolean", socket: "string" }, 0);
@@ -45,6 +49,7 @@ export async function cmdStatus(argv: string[]): Promise<number> {
     `pid:       ${st.pid}, up ${st.uptime_s} s since ${st.started_at}`,
     `data dir:  ${st.data_dir} (sync: ${st.sync})`,
     `storage:   ${s.channels} channels, ${s.messages} messages, ${s.bytes} bytes, ${s.subscribers} subscribers`,
+    `tls:       ${st.tls ? tlsLine(st.tls as Record<string, unknown>) : "not configured"}`,
     `links:     ${(st.links as unknown[]).length === 0 ? "none" : JSON.stringify(st.links)}`,
   ];
   console.log(lines.join("\n"));

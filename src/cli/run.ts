@@ -48,6 +48,6 @@ export async function cmdRun(argv: string[]): Promise<number> {
     };
     process.on("SIGTERM", () => stop("SIGTERM"));
     process.on("SIGINT", () => stop("SIGINT"));
-    process.on("SIGHUP", () => logger.info("SIGHUP: nothing to reload (no TLS configured)"));
+    process.on("SIGHUP", () => void agent.reloadTls());
   });
 }

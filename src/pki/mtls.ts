@@ -1,0 +1,175 @@
+/**
+ * Mutual-TLS listeners and connections whose application handlers only ever
+ * see verified peers. Bytes that arrive before verification finishes are
+ * held (at most MAX_EARLY_BYTES) and handed over only if the peer passes; a
+ * peer that fails is logged with the reason and its connection closed, and
+ * none of its bytes reach the application.
+ */
+import type { Socket, TCPSocketListener } from "bun";
+import type { Logger } from "../observability/logger.ts";
+import { PeerRejectedError } from "../errors.ts";
+import { bunTlsOptions, verifyPeer, type PeerIdentity, type TlsMaterial } from "./tls.ts";
+
+/** Bytes a peer may send before it is verified. */
+export const MAX_EARLY_BYTES = 64 * 1024;
+/** A peer that has not completed the handshake by then is dropped. */
+export const HANDSHAKE_TIMEOUT_MS = 10_000;
+
+/** Per-connection state. */
+export interface MtlsState<T> {
+  peer?: PeerIdentity;
+  verified: boolean;
+  closed?: boolean;
+  early: Uint8Array[];
+  earlyBytes: number;
+  timer?: ReturnType<typeof setTimeout>;
+  /** Free for the application. */
+  app?: T;
+}
+
+/** A socket of a verified (or being verified) mutual-TLS connection. */
+export type MtlsSocket<T> = Socket<MtlsState<T>>;
+
+/** What the application does with verified connections. */
+export interface MtlsHandler<T> {
+  open(socket: MtlsSocket<T>, peer: PeerIdentity): void;
+  data(socket: MtlsSocket<T>, chunk: Uint8Array): void;
+  close?(socket: MtlsSocket<T>): void;
+  drain?(socket: MtlsSocket<T>): void;
+}
+
+/** Called for every refused peer (the audit trail hooks in here). */
+export type RejectHook = (reason: string, remote: string) => void;
+
+function socketHandlers<T>(expect: "client" | "server", material: () => TlsMaterial, handler: MtlsHandler<T>, logger: Logger, onReject?: RejectHook) {
+  const reject = (s: MtlsSocket<T>, reason: string) => {
+    logger.warn("tls peer rejected", { remote: s.remoteAddress, reason });
+    onReject?.(reason, s.remoteAddress);
+    s.data.early = [];
+    s.terminate();
+  };
+  return {
+    open(s: MtlsSocket<T>) {
+      s.data = { verified: false, early: [], earlyBytes: 0 };
+      s.data.timer = setTimeout(() => !s.data.verified && reject(s, "handshake timed out"), HANDSHAKE_TIMEOUT_MS);
+    },
+    handshake(s: MtlsSocket<T>, ok: boolean, err: Error | null) {
+      verifyPeer(s, ok, err, material(), expect).then(
+        (peer) => {
+          clearTimeout(s.data.timer);
+          if (s.data.closed) return;
+          s.data.peer = peer;
+          s.data.verified = true;
+          handler.open(s, peer);
+          for (const chunk of s.data.early) handler.data(s, chunk);
+          s.data.early = [];
+        },
+        (e) => {
+          clearTimeout(s.data.timer);
+          reject(s, e instanceof PeerRejectedError ? e.message : `verification failed: ${String(e)}`);
+        },
+      );
+    },
+    data(s: MtlsSocket<T>, chunk: Uint8Array) {
+      if (s.data.verified) return handler.data(s, chunk);
+      s.data.earlyBytes += chunk.length;
+      if (s.data.earlyBytes > MAX_EARLY_BYTES) return reject(s, "too much data before verification");
+      s.data.early.push(new Uint8Array(chunk));
+    },
+    drain(s: MtlsSocket<T>) {
+      if (s.data?.verified) handler.drain?.(s);
+    },
+    close(s: MtlsSocket<T>) {
+      if (!s.data) return;
+      s.data.closed = true;
+      clearTimeout(s.data.timer);
+      if (s.data?.verified) handler.close?.(s);
+    },
+    error(s: MtlsSocket<T>, err: Error) {
+      logger.debug("tls socket error", { remote: s.remoteAddress, error: String(err) });
+    },
+  };
+}
+
+/** Options of `MtlsServer.listen`. */
+export interface MtlsServerOptions {
+  hostname: string;
+  port: number;
+  material: TlsMaterial;
+  logger: Logger;
+  onReject?: RejectHook;
+}
+
+/**
+ * A mutual-TLS listener. `reload` swaps the certificate, key and CA: new
+ * connections use the new material, established ones stay up.
+ */
+export class MtlsServer<T> {
+  private listener: TCPSocketListener<MtlsState<T>>;
+  private material: TlsMaterial;
+  private readonly opts: MtlsServerOptions;
+  private readonly handler: MtlsHandler<T>;
+
+  private constructor(opts: MtlsServerOptions, handler: MtlsHandler<T>) {
+    this.opts = opts;
+    this.handler = handler;
+    this.material = opts.material;
+    this.listener = this.listen(opts.port);
+  }
+
+  /** Listens on `hostname:port` (port 0: any free port). */
+  static listen<T>(opts: MtlsServerOptions, handler: MtlsHandler<T>): MtlsServer<T> {
+    return new MtlsServer(opts, handler);
+  }
+
+  private listen(port: number): TCPSocketListener<MtlsState<T>> {
+    return Bun.listen<MtlsState<T>>({
+      hostname: this.opts.hostname,
+      port,
+      tls: bunTlsOptions(this.material),
+      socket: socketHandlers<T>("client", () => this.material, this.handler, this.opts.logger, this.opts.onReject),
+    });
+  }
+
+  /** The port actually listened on. */
+  get port(): number {
+    return this.listener.port;
+  }
+
+  /** The material in force. */
+  get current(): TlsMaterial {
+    return this.material;
+  }
+
+  /** Uses `material` for connections from now on; existing ones are kept. */
+  reload(material: TlsMaterial): void {
+    const port = this.listener.port;
+    this.listener.stop(false);
+    this.material = material;
+    this.listener = this.listen(port);
+  }
+
+  /** Stops listening; with `closeConnections`, also drops every connection. */
+  stop(closeConnections = false): void {
+    this.listener.stop(closeConnections);
+  }
+}
+
+/** Options of `connectMtls`. */
+export interface MtlsConnectOptions {
+  hostname: string;
+  port: number;
+  material: TlsMaterial;
+  logger: Logger;
+  onReject?: RejectHook;
+}
+
+/** Connects to a mutual-TLS server; `handler.open` runs once the server is verified. */
+export function connectMtls<T>(opts: MtlsConnectOptions, handler: MtlsHandler<T>): Promise<MtlsSocket<T>> {
+  return Bun.connect<MtlsState<T>>({
+    hostname: opts.hostname,
+    port: opts.port,
+    tls: { ...bunTlsOptions(opts.material), serverName: opts.hostname },
+    socket: socketHandlers<T>("server", () => opts.material, handler, opts.logger, opts.onReject),
+  });
+}
