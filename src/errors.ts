@@ -28,7 +28,8 @@ export type ErrorCode =
   | "unsupported_media_type"
   | "shutting_down"
   | "in_use"
-  | "peer_rejected";
+  | "peer_rejected"
+  | "malformed_frame";
 
 /** Base class so callers can catch every keyop error with one `instanceof`. */
 export class KeyopError extends Error {

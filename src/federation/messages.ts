@@ -1,0 +1,215 @@
+/**
+ * The messages carried in frames, with a validator for each: every field
+ * from a peer is checked for type and bounds, channel names and patterns
+ * are validated again (no path tricks over the wire), and anything off is a
+ * `FrameError`. Names claimed in a HELLO are informational only; a peer's
+ * identity is its certificate's CN.
+ */
+import { assertChannel, assertPattern } from "../envelope/names.ts";
+import { KeyopError } from "../errors.ts";
+import { encodeFrame, FrameError, FrameType, PROTOCOL_VERSION, type Frame } from "./frame.ts";
+
+/** Most patterns one side may state in a HELLO or WELCOME. */
+export const MAX_PATTERNS = 256;
+/** Most records in one BATCH. */
+export const MAX_BATCH_RECORDS = 100_000;
+
+/** First frame of a connection, sent by the connecting side. */
+export interface Hello {
+  /** Protocol versions the sender speaks. */
+  versions: number[];
+  /** Claimed name, for logs only. */
+  name: string;
+  /** `link`: durable store and forward; `ephemeral`: live only, no cursor kept. */
+  mode: "link" | "ephemeral";
+  /** Channels the sender wants to send up. */
+  publish: string[];
+  /** Channels the sender wants to receive. */
+  subscribe: string[];
+  heartbeatMs: number;
+  maxBatchBytes: number;
+}
+
+/** The hub's answer: the version chosen and what the peer is allowed. */
+export interface Welcome {
+  version: number;
+  name: string;
+  publish: string[];
+  subscribe: string[];
+  heartbeatMs: number;
+  maxBatchBytes: number;
+}
+
+/** Stored records of one channel, in seq order, as the sender stored them. */
+export interface Batch {
+  /** Batch number on this connection and direction, from 1. */
+  batch: number;
+  channel: string;
+  /** Sender's seq of each record (same length as `records`). */
+  seqs: number[];
+  /** Stored envelope bodies (msgpack), forwarded as they are. */
+  records: Uint8Array[];
+}
+
+/** Receiver stored (or deliberately dropped) everything of `channel` up to sender seq `upto`. */
+export interface Ack {
+  batch: number;
+  channel: string;
+  upto: number;
+}
+
+/** Heartbeat and its answer; `t` is the sender's clock, echoed back for RTT. */
+export interface Ping {
+  t: number;
+}
+
+/** Last frame before closing, with a reason. */
+export interface Close {
+  code: string;
+  reason: string;
+}
+
+function str(b: Record<string, unknown>, k: string, max = 1024): string {
+  const v = b[k];
+  if (typeof v !== "string" || v.length > max) throw new FrameError(`field "${k}" must be a string of at most ${max} bytes`);
+  return v;
+}
+
+function int(b: Record<string, unknown>, k: string, min = 0, max = Number.MAX_SAFE_INTEGER): number {
+  const v = b[k];
+  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) throw new FrameError(`field "${k}" must be an integer from ${min} to ${max}`);
+  return v;
+}
+
+function patterns(b: Record<string, unknown>, k: string): string[] {
+  const v = b[k];
+  if (!Array.isArray(v) || v.length > MAX_PATTERNS) throw new FrameError(`field "${k}" must be a list of at most ${MAX_PATTERNS} patterns`);
+  return v.map((p, i) => {
+    try {
+      assertPattern(p);
+      return p;
+    } catch (err) {
+      throw new FrameError(`${k}[${i}]: ${err instanceof KeyopError ? err.message : String(err)}`);
+    }
+  });
+}
+
+function channel(b: Record<string, unknown>, k: string): string {
+  const v = b[k];
+  try {
+    assertChannel(v);
+    return v;
+  } catch (err) {
+    throw new FrameError(`field "${k}": ${err instanceof KeyopError ? err.message : String(err)}`);
+  }
+}
+
+function expectType(f: Frame, t: number, what: string): Record<string, unknown> {
+  if (f.type !== t) throw new FrameError(`expected ${what}`);
+  return f.body;
+}
+
+/** Encodes a HELLO frame. */
+export function helloFrame(h: Hello): Uint8Array {
+  return encodeFrame(FrameType.HELLO, { v: h.versions, name: h.name, mode: h.mode, pub: h.publish, sub: h.subscribe, hb: h.heartbeatMs, mbb: h.maxBatchBytes });
+}
+
+/** Validates a HELLO. */
+export function parseHello(f: Frame): Hello {
+  const b = expectType(f, FrameType.HELLO, "HELLO");
+  const v = b.v;
+  if (!Array.isArray(v) || v.length === 0 || v.length > 16 || !v.every((x) => Number.isInteger(x) && x > 0 && x < 256)) {
+    throw new FrameError('field "v" must list the protocol versions spoken');
+  }
+  const mode = b.mode;
+  if (mode !== "link" && mode !== "ephemeral") throw new FrameError('field "mode" must be "link" or "ephemeral"');
+  return {
+    versions: v as number[],
+    name: str(b, "name", 128),
+    mode,
+    publish: patterns(b, "pub"),
+    subscribe: patterns(b, "sub"),
+    heartbeatMs: int(b, "hb", 100, 3_600_000),
+    maxBatchBytes: int(b, "mbb", 1024, 64 * 1024 * 1024),
+  };
+}
+
+/** The highest version both sides speak, or null. */
+export function chooseVersion(theirs: number[]): number | null {
+  return theirs.includes(PROTOCOL_VERSION) ? PROTOCOL_VERSION : null;
+}
+
+/** Encodes a WELCOME frame. */
+export function welcomeFrame(w: Welcome): Uint8Array {
+  return encodeFrame(FrameType.WELCOME, { v: w.version, name: w.name, pub: w.publish, sub: w.subscribe, hb: w.heartbeatMs, mbb: w.maxBatchBytes });
+}
+
+/** Validates a WELCOME. */
+export function parseWelcome(f: Frame): Welcome {
+  const b = expectType(f, FrameType.WELCOME, "WELCOME");
+  return {
+    version: int(b, "v", 1, 255),
+    name: str(b, "name", 128),
+    publish: patterns(b, "pub"),
+    subscribe: patterns(b, "sub"),
+    heartbeatMs: int(b, "hb", 100, 3_600_000),
+    maxBatchBytes: int(b, "mbb", 1024, 64 * 1024 * 1024),
+  };
+}
+
+/** Encodes a BATCH frame (record bodies go out as the bytes they are stored as). */
+export function batchFrame(bt: Batch, maxBody?: number): Uint8Array {
+  return encodeFrame(FrameType.BATCH, { n: bt.batch, c: bt.channel, s: bt.seqs, r: bt.records }, maxBody);
+}
+
+/** Validates a BATCH: channel name, consecutive-or-rising seqs, binary records. */
+export function parseBatch(f: Frame): Batch {
+  const b = expectType(f, FrameType.BATCH, "BATCH");
+  const seqs = b.s;
+  const records = b.r;
+  if (!Array.isArray(seqs) || !Array.isArray(records) || seqs.length !== records.length || seqs.length === 0 || seqs.length > MAX_BATCH_RECORDS) {
+    throw new FrameError(`fields "s" and "r" must be lists of the same length, 1..${MAX_BATCH_RECORDS}`);
+  }
+  let prev = 0;
+  for (const s of seqs) {
+    if (typeof s !== "number" || !Number.isInteger(s) || s <= prev) throw new FrameError('field "s" must hold rising positive integer seqs');
+    prev = s;
+  }
+  for (const r of records) if (!(r instanceof Uint8Array) || r.length === 0) throw new FrameError('field "r" must hold non-empty binary records');
+  return { batch: int(b, "n", 1), channel: channel(b, "c"), seqs: seqs as number[], records: records as Uint8Array[] };
+}
+
+/** Encodes an ACK frame. */
+export function ackFrame(a: Ack): Uint8Array {
+  return encodeFrame(FrameType.ACK, { n: a.batch, c: a.channel, u: a.upto });
+}
+
+/** Validates an ACK. */
+export function parseAck(f: Frame): Ack {
+  const b = expectType(f, FrameType.ACK, "ACK");
+  return { batch: int(b, "n", 1), channel: channel(b, "c"), upto: int(b, "u", 1) };
+}
+
+/** Encodes a PING or PONG frame. */
+export function pingFrame(p: Ping, pong = false): Uint8Array {
+  return encodeFrame(pong ? FrameType.PONG : FrameType.PING, { t: p.t });
+}
+
+/** Validates a PING or PONG. */
+export function parsePing(f: Frame): Ping {
+  if (f.type !== FrameType.PING && f.type !== FrameType.PONG) throw new FrameError("expected PING or PONG");
+  const t = f.body.t;
+  if (typeof t !== "number" || !Number.isFinite(t)) throw new FrameError('field "t" must be a number');
+  return { t };
+}
+
+/** Encodes a CLOSE frame. */
+export function closeFrame(c: Close): Uint8Array {
+  return encodeFrame(FrameType.CLOSE, { code: c.code, reason: c.reason.slice(0, 512) });
+}
+
+/** Validates a CLOSE. */
+export function parseClose(f: Frame): Close {
+  const b = expectType(f, FrameType.CLOSE, "CLOSE");
+  return { code: str(b, "code", 64), reason: str(b, "reason", 1024) };
+}
