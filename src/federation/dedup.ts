@@ -1,0 +1,38 @@
+/**
+ * Duplicate suppression: the ids of recently stored messages, bounded.
+ *
+ * After a lost ACK the sender resends what the receiver already stored; the
+ * receiver drops those by id. A Map keeps insertion order, so the oldest id
+ * is evicted first once `capacity` is reached (SPEC §5, `dedup.capacity`).
+ */
+export class RecentIds {
+  readonly capacity: number;
+  private readonly ids = new Map<string, true>();
+
+  constructor(capacity: number) {
+    this.capacity = Math.max(0, Math.floor(capacity));
+  }
+
+  /** True if `id` was seen recently (and refreshes it); otherwise records it and returns false. */
+  seen(id: string): boolean {
+    if (this.capacity === 0) return false;
+    if (this.ids.has(id)) {
+      this.ids.delete(id);
+      this.ids.set(id, true);
+      return true;
+    }
+    this.ids.set(id, true);
+    if (this.ids.size > this.capacity) this.ids.delete(this.ids.keys().next().value!);
+    return false;
+  }
+
+  /** True if `id` is remembered, without recording or refreshing it. */
+  has(id: string): boolean {
+    return this.ids.has(id);
+  }
+
+  /** Ids remembered now. */
+  get size(): number {
+    return this.ids.size;
+  }
+}
