@@ -41,7 +41,10 @@ export interface MtlsHandler<T> {
 /** Called for every refused peer (the audit trail hooks in here). */
 export type RejectHook = (reason: string, remote: string) => void;
 
-function socketHandlers<T>(expect: "client" | "server", material: () => TlsMaterial, handler: MtlsHandler<T>, logger: Logger, onReject?: RejectHook) {
+/** Decides whether a verified peer may stay; returns a reason to refuse it, or null. */
+export type AuthorizeHook = (peer: PeerIdentity) => string | null;
+
+function socketHandlers<T>(expect: "client" | "server", material: () => TlsMaterial, handler: MtlsHandler<T>, logger: Logger, onReject?: RejectHook, authorize?: AuthorizeHook) {
   const reject = (s: MtlsSocket<T>, reason: string) => {
     logger.warn("tls peer rejected", { remote: s.remoteAddress, reason });
     onReject?.(reason, s.remoteAddress);
@@ -58,6 +61,8 @@ function socketHandlers<T>(expect: "client" | "server", material: () => TlsMater
         (peer) => {
           clearTimeout(s.data.timer);
           if (s.data.closed) return;
+          const refused = authorize?.(peer);
+          if (refused) return reject(s, refused);
           s.data.peer = peer;
           s.data.verified = true;
           handler.open(s, peer);
@@ -98,6 +103,8 @@ export interface MtlsServerOptions {
   material: TlsMaterial;
   logger: Logger;
   onReject?: RejectHook;
+  /** Refuses verified peers the application does not know (e.g. a CN not in hub.peers). */
+  authorize?: AuthorizeHook;
 }
 
 /**
@@ -127,7 +134,7 @@ export class MtlsServer<T> {
       hostname: this.opts.hostname,
       port,
       tls: bunTlsOptions(this.material),
-      socket: socketHandlers<T>("client", () => this.material, this.handler, this.opts.logger, this.opts.onReject),
+      socket: socketHandlers<T>("client", () => this.material, this.handler, this.opts.logger, this.opts.onReject, this.opts.authorize),
     });
   }
 

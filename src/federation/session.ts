@@ -1,0 +1,298 @@
+/**
+ * One federation connection after TLS verification: frames in and out with
+ * write backpressure, the HELLO/WELCOME handshake, heartbeats that notice a
+ * peer gone silent (no FIN needed), and closing with a reason. Protocol
+ * bytes are parsed by frame.ts/messages.ts; what batches mean is up to the
+ * hub and link code above this.
+ */
+import type { Logger } from "../observability/logger.ts";
+import type { PeerIdentity } from "../pki/tls.ts";
+import type { MtlsSocket } from "../pki/mtls.ts";
+import type { AuditLog } from "./audit.ts";
+import { FrameDecoder, FrameError, FrameType, frameTypeName, type Frame } from "./frame.ts";
+import {
+  chooseVersion,
+  closeFrame,
+  helloFrame,
+  parseAck,
+  parseBatch,
+  parseClose,
+  parseHello,
+  parsePing,
+  parseWelcome,
+  pingFrame,
+  welcomeFrame,
+  type Ack,
+  type Batch,
+  type Hello,
+  type Welcome,
+} from "./messages.ts";
+
+/** Outbound bytes above which `send` asks the caller to wait for `writable()`. */
+export const HIGH_WATER_BYTES = 4 * 1024 * 1024;
+/** A connection that has not finished HELLO/WELCOME by then is closed. */
+export const HANDSHAKE_TIMEOUT_MS = 10_000;
+
+/** How a session is set up. */
+export interface SessionOptions {
+  role: "client" | "hub";
+  /** Largest frame body accepted from the peer. */
+  maxBody: number;
+  /** Heartbeat period until the handshake settles one. */
+  heartbeatMs: number;
+  logger: Logger;
+  audit?: AuditLog | undefined;
+  handshakeTimeoutMs?: number;
+}
+
+/** What the code above a session hears. */
+export interface SessionEvents {
+  /** Hub: decide the answer to a HELLO (a Welcome, or a refusal reason). */
+  onHello?(s: PeerSession, hello: Hello): Welcome | { refuse: string; code: string };
+  /** Both: the handshake is done. */
+  onOpen?(s: PeerSession): void;
+  onBatch?(s: PeerSession, batch: Batch): void;
+  onAck?(s: PeerSession, ack: Ack): void;
+  /** Both: the session ended (any reason); called once. */
+  onClose?(s: PeerSession, reason: string): void;
+}
+
+/** Per-socket data slot the session lives in. */
+export type SessionSocket = MtlsSocket<PeerSession>;
+
+/** A federation session on one verified connection. */
+export class PeerSession {
+  /** Who the peer is, from its certificate. */
+  readonly peer: PeerIdentity;
+  readonly role: "client" | "hub";
+  readonly connectedAt = Date.now();
+  state: "handshaking" | "open" | "closed" = "handshaking";
+  hello: Hello | undefined;
+  welcome: Welcome | undefined;
+  /** Last measured round trip (PING to PONG), ms. */
+  rttMs: number | undefined;
+  private readonly socket: SessionSocket;
+  private readonly opts: SessionOptions;
+  private readonly events: SessionEvents;
+  private readonly decoder: FrameDecoder;
+  private out: Uint8Array[] = [];
+  private outBytes = 0;
+  private writableWaiters: (() => void)[] = [];
+  private lastRecv = Date.now();
+  private lastSent = Date.now();
+  private heartbeatMs: number;
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private handshakeTimer: ReturnType<typeof setTimeout> | null = null;
+
+  private constructor(socket: SessionSocket, peer: PeerIdentity, opts: SessionOptions, events: SessionEvents) {
+    this.socket = socket;
+    this.peer = peer;
+    this.role = opts.role;
+    this.opts = opts;
+    this.events = events;
+    this.decoder = new FrameDecoder(opts.maxBody);
+    this.heartbeatMs = opts.heartbeatMs;
+    this.handshakeTimer = setTimeout(() => this.state === "handshaking" && this.close("handshake_timeout", "no handshake within the time limit"), opts.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS);
+    this.startHeartbeat();
+  }
+
+  /** Binds a session to a freshly verified socket. */
+  static attach(socket: SessionSocket, peer: PeerIdentity, opts: SessionOptions, events: SessionEvents): PeerSession {
+    const s = new PeerSession(socket, peer, opts, events);
+    socket.data.app = s;
+    return s;
+  }
+
+  /** Client: opens the handshake. */
+  sendHello(h: Hello): void {
+    this.hello = h;
+    this.send(helloFrame(h));
+  }
+
+  /**
+   * Queues bytes for the peer. Returns false when more than HIGH_WATER_BYTES
+   * wait to be written: the caller should await `writable()` before more.
+   */
+  send(bytes: Uint8Array): boolean {
+    if (this.state === "closed") return false;
+    this.lastSent = Date.now();
+    if (this.out.length === 0) {
+      const n = this.socket.write(bytes);
+      if (n >= bytes.length) return true;
+      bytes = bytes.subarray(Math.max(0, n));
+    }
+    this.out.push(bytes);
+    this.outBytes += bytes.length;
+    return this.outBytes <= HIGH_WATER_BYTES;
+  }
+
+  /** Resolves once the outbound buffer is below the high-water mark (or closed). */
+  writable(): Promise<void> {
+    if (this.outBytes <= HIGH_WATER_BYTES || this.state === "closed") return Promise.resolve();
+    return new Promise((r) => this.writableWaiters.push(r));
+  }
+
+  /** @internal Socket drained: write what is queued. */
+  drained(): void {
+    while (this.out.length > 0) {
+      const head = this.out[0]!;
+      const n = this.socket.write(head);
+      if (n < head.length) {
+        this.out[0] = head.subarray(Math.max(0, n));
+        this.outBytes -= Math.max(0, n);
+        break;
+      }
+      this.out.shift();
+      this.outBytes -= head.length;
+    }
+    if (this.outBytes <= HIGH_WATER_BYTES) for (const w of this.writableWaiters.splice(0)) w();
+  }
+
+  /** @internal Bytes from the peer. */
+  receive(chunk: Uint8Array): void {
+    if (this.state === "closed") return;
+    this.lastRecv = Date.now();
+    let frames: Frame[];
+    try {
+      frames = this.decoder.push(chunk);
+      for (const f of frames) {
+        if ((this.state as string) === "closed") return; // a frame may have closed it
+        this.dispatch(f);
+      }
+    } catch (err) {
+      const reason = err instanceof FrameError ? err.message : `protocol error: ${String(err)}`;
+      this.opts.audit?.record("malformed_frame", { peer: this.peer.name, reason });
+      this.close("malformed_frame", reason);
+    }
+  }
+
+  private dispatch(f: Frame): void {
+    switch (f.type) {
+      case FrameType.PING:
+        this.send(pingFrame(parsePing(f), true));
+        return;
+      case FrameType.PONG:
+        this.rttMs = Math.max(0, Date.now() - parsePing(f).t);
+        return;
+      case FrameType.CLOSE: {
+        const c = parseClose(f);
+        this.finish(`peer closed: ${c.code}: ${c.reason}`);
+        this.socket.end();
+        return;
+      }
+    }
+    if (this.state === "handshaking") return this.handshake(f);
+    switch (f.type) {
+      case FrameType.BATCH:
+        this.events.onBatch?.(this, parseBatch(f));
+        return;
+      case FrameType.ACK:
+        this.events.onAck?.(this, parseAck(f));
+        return;
+      default:
+        throw new FrameError(`unexpected ${frameTypeName(f.type)} after the handshake`);
+    }
+  }
+
+  private handshake(f: Frame): void {
+    if (this.role === "hub") {
+      const hello = parseHello(f);
+      const version = chooseVersion(hello.versions);
+      if (version === null) return this.close("version", `no common protocol version (peer speaks ${hello.versions.join(", ")})`);
+      const answer = this.events.onHello?.(this, hello);
+      if (!answer) return this.close("refused", "hub takes no peers");
+      if ("refuse" in answer) return this.close(answer.code, answer.refuse);
+      this.hello = hello;
+      this.welcome = answer;
+      this.send(welcomeFrame(answer));
+    } else {
+      this.welcome = parseWelcome(f);
+    }
+    this.heartbeatMs = this.welcome.heartbeatMs;
+    this.state = "open";
+    if (this.handshakeTimer) clearTimeout(this.handshakeTimer);
+    this.restartHeartbeat();
+    this.events.onOpen?.(this);
+  }
+
+  private startHeartbeat(): void {
+    const every = Math.max(25, Math.floor(this.heartbeatMs / 4));
+    this.timer = setInterval(() => {
+      const now = Date.now();
+      if (now - this.lastRecv > 3 * this.heartbeatMs) {
+        // Nothing for three periods: the peer or the path is gone, FIN or not.
+        this.close("heartbeat", `no frame from ${this.peer.name} for ${now - this.lastRecv} ms (3 heartbeats)`, true);
+        return;
+      }
+      if (now - this.lastSent >= this.heartbeatMs) this.send(pingFrame({ t: now }));
+    }, every);
+    this.timer.unref?.();
+  }
+
+  private restartHeartbeat(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.startHeartbeat();
+  }
+
+  /**
+   * Sends CLOSE with `code` and `reason`, then ends the connection
+   * (`hard`: at once, for a peer that no longer reads).
+   */
+  close(code: string, reason: string, hard = false): void {
+    if (this.state === "closed") return;
+    if (!hard) {
+      try {
+        this.send(closeFrame({ code, reason }));
+      } catch {
+        // the reason is logged below either way
+      }
+    }
+    this.finish(`${code}: ${reason}`);
+    if (hard) this.socket.terminate();
+    else this.socket.end();
+  }
+
+  /** @internal The socket closed. */
+  socketClosed(): void {
+    this.finish("connection closed");
+  }
+
+  private finish(reason: string): void {
+    if (this.state === "closed") return;
+    this.state = "closed";
+    if (this.timer) clearInterval(this.timer);
+    if (this.handshakeTimer) clearTimeout(this.handshakeTimer);
+    for (const w of this.writableWaiters.splice(0)) w();
+    this.out = [];
+    this.outBytes = 0;
+    this.opts.logger.info("federation session closed", { peer: this.peer.name, role: this.role, reason });
+    this.events.onClose?.(this, reason);
+  }
+}
+
+/** MtlsHandler that runs a PeerSession per connection. */
+export function sessionHandler(
+  opts: SessionOptions,
+  events: SessionEvents,
+  onSession?: (s: PeerSession) => void,
+): {
+  open(socket: SessionSocket, peer: PeerIdentity): void;
+  data(socket: SessionSocket, chunk: Uint8Array): void;
+  drain(socket: SessionSocket): void;
+  close(socket: SessionSocket): void;
+} {
+  return {
+    open(socket, peer) {
+      onSession?.(PeerSession.attach(socket, peer, opts, events));
+    },
+    data(socket, chunk) {
+      socket.data.app?.receive(chunk);
+    },
+    drain(socket) {
+      socket.data.app?.drained();
+    },
+    close(socket) {
+      socket.data.app?.socketClosed();
+    },
+  };
+}
