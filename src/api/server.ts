@@ -89,11 +89,23 @@ export class ApiServer {
       if (status >= 500 && !(err instanceof KeyopError && err.code === "disk_full")) {
         this.opts.logger.error("request failed", { method: req.method, path: new URL(req.url).pathname, error: String(err) });
       }
+      await this.discardBody(req);
       return errorResponse(err);
     } finally {
       this.inflight--;
       if (this.inflight === 0) this.idle?.();
     }
+  }
+
+  /**
+   * Reads and drops a request body nobody read (an error answered from the
+   * path alone), so the connection can be kept or closed cleanly instead of
+   * with unread bytes pending; bodies over the batch limit are left.
+   */
+  private async discardBody(req: Request): Promise<void> {
+    const len = Number(req.headers.get("content-length") ?? 0);
+    if (req.bodyUsed || !(len > 0) || len > this.opts.limits.maxBatchBytes) return;
+    await req.arrayBuffer().catch(() => {});
   }
 
   private async route(req: Request, server: Server<WsData>): Promise<Response | undefined> {
