@@ -281,18 +281,25 @@ export function sessionHandler(
   drain(socket: SessionSocket): void;
   close(socket: SessionSocket): void;
 } {
+  // Sessions by socket, held here rather than on socket.data: on Bun 1.4.4 a value set on a
+  // TLS server socket's data from inside the verification callback was not seen by the next
+  // data callback (the session test in test/federation/forward.test.ts hung on it).
+  const sessions = new WeakMap<object, PeerSession>();
   return {
     open(socket, peer) {
-      onSession?.(PeerSession.attach(socket, peer, opts, events));
+      const s = PeerSession.attach(socket, peer, opts, events);
+      sessions.set(socket, s);
+      onSession?.(s);
     },
     data(socket, chunk) {
-      socket.data.app?.receive(chunk);
+      sessions.get(socket)?.receive(chunk);
     },
     drain(socket) {
-      socket.data.app?.drained();
+      sessions.get(socket)?.drained();
     },
     close(socket) {
-      socket.data.app?.socketClosed();
+      sessions.get(socket)?.socketClosed();
+      sessions.delete(socket);
     },
   };
 }

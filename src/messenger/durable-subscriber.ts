@@ -91,28 +91,45 @@ export class DurableSubscriber {
   }
 
   /**
+   * Like `fetch`, but also hands back each record's stored bytes, for
+   * forwarding a record as it is stored (federation).
+   */
+  async fetchRaw(opts: FetchOptions): Promise<{ msg: Message; body: Uint8Array }[]> {
+    const out: { msg: Message; body: Uint8Array }[] = [];
+    await this.collect(opts, (msg, body) => out.push({ msg, body }));
+    return out;
+  }
+
+  /**
    * Up to `max` messages after `after` (default: the acked cursors), taking
    * channels in turn so that one busy channel does not starve the others.
    * Updates `after` in place past what it returns.
    */
   async fetch(opts: FetchOptions): Promise<Message[]> {
-    const logs = this.host.matchingLogs(this.pattern);
     const out: Message[] = [];
-    if (logs.length === 0 || opts.max <= 0) return out;
+    await this.collect(opts, (msg) => out.push(msg));
+    return out;
+  }
+
+  private async collect(opts: FetchOptions, push: (msg: Message, body: Uint8Array) => void): Promise<void> {
+    const logs = this.host.matchingLogs(this.pattern);
+    let count = 0;
+    if (logs.length === 0 || opts.max <= 0) return;
     const maxBytes = opts.maxBytes ?? 4 * 1024 * 1024;
     let bytes = 0;
     const start = this.rotate++ % logs.length;
-    for (let k = 0; k < logs.length && out.length < opts.max && bytes < maxBytes; k++) {
+    for (let k = 0; k < logs.length && count < opts.max && bytes < maxBytes; k++) {
       const log = logs[(start + k) % logs.length]!;
       const acked = this.cursor(log);
       const from = Math.max(opts.after?.get(log.name) ?? acked, acked, log.firstSeq);
       if (from >= log.nextSeq) continue;
-      const recs = await log.read(from, opts.max - out.length, maxBytes - bytes);
+      const recs = await log.read(from, opts.max - count, maxBytes - bytes);
       let redelivered = 0;
       const hw = this.highWater.get(log.name) ?? 0;
       for (const r of recs) {
         try {
-          out.push(decodeEnvelope(r.body, r.seq));
+          push(decodeEnvelope(r.body, r.seq), r.body);
+          count++;
         } catch (err) {
           this.host.logger.error("record is not an envelope, skipped", { channel: log.name, seq: r.seq, error: String(err) });
           continue;
@@ -127,7 +144,6 @@ export class DurableSubscriber {
         this.host.noteSent(log.name, recs.length, redelivered);
       }
     }
-    return out;
   }
 
   /**

@@ -229,6 +229,23 @@ export class Messenger {
     });
   }
 
+  /**
+   * Stores envelopes that arrived from another instance (federation): their
+   * id, origin and route as given (the caller has appended this instance),
+   * in one group commit. Resolves with their seqs once durable.
+   */
+  async ingest(channel: string, bodies: readonly Uint8Array[]): Promise<number[]> {
+    if (this.state !== "open") throw new ClosedError();
+    assertChannel(channel);
+    for (const b of bodies) {
+      if (b.length > this.cfg.maxMessageBytes) throw new TooLargeError(`forwarded message of ${b.length} bytes exceeds the limit of ${this.cfg.maxMessageBytes}`);
+    }
+    const log = await this.logFor(channel);
+    const seqs = await log.appendMany(bodies);
+    this.countersOf(channel).published += bodies.length;
+    return seqs;
+  }
+
   private encode(channel: string, type: string, payload: unknown, opts?: PublishOptions): { body: Uint8Array; id: string; ts: number } {
     if (this.state !== "open") throw new ClosedError();
     assertChannel(channel);

@@ -51,6 +51,12 @@ function socketHandlers<T>(expect: "client" | "server", material: () => TlsMater
     s.data.early = [];
     s.terminate();
   };
+  // An exception in the application's handlers must not vanish or take the process down:
+  // log it and drop that one connection.
+  const fail = (s: MtlsSocket<T>, e: unknown) => {
+    logger.error("connection handler failed, closing the connection", { remote: s.remoteAddress, peer: s.data.peer?.name, error: e instanceof Error ? e.stack ?? e.message : String(e) });
+    s.terminate();
+  };
   return {
     open(s: MtlsSocket<T>) {
       s.data = { verified: false, early: [], earlyBytes: 0 };
@@ -64,10 +70,16 @@ function socketHandlers<T>(expect: "client" | "server", material: () => TlsMater
           const refused = authorize?.(peer);
           if (refused) return reject(s, refused);
           s.data.peer = peer;
-          s.data.verified = true;
-          handler.open(s, peer);
-          for (const chunk of s.data.early) handler.data(s, chunk);
-          s.data.early = [];
+          try {
+            handler.open(s, peer);
+            // Only now: bytes that arrive while the application is opening are held, then handed over in order.
+            s.data.verified = true;
+            const early = s.data.early;
+            s.data.early = [];
+            for (const chunk of early) handler.data(s, chunk);
+          } catch (e) {
+            fail(s, e);
+          }
         },
         (e) => {
           clearTimeout(s.data.timer);
@@ -76,7 +88,14 @@ function socketHandlers<T>(expect: "client" | "server", material: () => TlsMater
       );
     },
     data(s: MtlsSocket<T>, chunk: Uint8Array) {
-      if (s.data.verified) return handler.data(s, chunk);
+      if (s.data.verified) {
+        try {
+          handler.data(s, chunk);
+        } catch (e) {
+          fail(s, e);
+        }
+        return;
+      }
       s.data.earlyBytes += chunk.length;
       if (s.data.earlyBytes > MAX_EARLY_BYTES) return reject(s, "too much data before verification");
       s.data.early.push(new Uint8Array(chunk));

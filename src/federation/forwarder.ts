@@ -1,0 +1,139 @@
+/**
+ * Store and forward, sending side: for one session, reads the local log
+ * through durable cursors (one subscriber `_fed.<peer>` per pattern, so the
+ * position survives restarts and pins retention), sends BATCH frames of
+ * stored records as they are stored, keeps at most `window` unacknowledged,
+ * and moves the persisted cursor only when the peer's ACK arrives.
+ */
+import type { Messenger } from "../messenger/messenger.ts";
+import type { DurableSubscriber, Positions } from "../messenger/durable-subscriber.ts";
+import type { Logger } from "../observability/logger.ts";
+import { batchFrame, type Ack } from "./messages.ts";
+import type { PeerSession } from "./session.ts";
+
+/** How a forwarder runs. */
+export interface ForwarderOptions {
+  messenger: Messenger;
+  session: PeerSession;
+  /** Local channels to send. */
+  patterns: string[];
+  /** Only channels this accepts are sent (the hub's subscribe rules for the peer). */
+  allow?: (channel: string) => boolean;
+  /** Where a new cursor starts. */
+  start: "latest" | "earliest";
+  window: number;
+  maxBatchBytes: number;
+  logger: Logger;
+}
+
+/** Name of the durable subscriber that holds what `peer` has acknowledged. */
+export function cursorName(peer: string): string {
+  return `_fed.${peer}`;
+}
+
+interface InFlight {
+  sub: DurableSubscriber;
+  channel: string;
+  /** Highest seq this batch accounts for (records skipped for loops included). */
+  covers: number;
+}
+
+/** The sending half of a link (or of a hub towards one peer). */
+export class Forwarder {
+  private readonly opts: ForwarderOptions;
+  private readonly subs: DurableSubscriber[];
+  private readonly sent = new Map<DurableSubscriber, Positions>();
+  private readonly inflight = new Map<number, InFlight>();
+  private nextBatch = 1;
+  private stopped = false;
+  private wake: (() => void) | null = null;
+  private readonly abort = new AbortController();
+  /** Records not sent because the peer was already in their route. */
+  loopSkipped = 0;
+
+  constructor(opts: ForwarderOptions) {
+    this.opts = opts;
+    const name = cursorName(opts.session.peer.name);
+    this.subs = opts.patterns.map((p) => opts.messenger.openSubscriber(p, name, { from: opts.start }));
+    for (const s of this.subs) this.sent.set(s, s.positions());
+  }
+
+  /** Runs until `stop()` or the session closes. */
+  async run(): Promise<void> {
+    const { session, window } = this.opts;
+    while (!this.stopped && session.state === "open") {
+      if (this.inflight.size >= window) {
+        await new Promise<void>((r) => (this.wake = r));
+        continue;
+      }
+      const sentSomething = await this.sendOne();
+      if (!sentSomething) {
+        // Nothing new on any cursor: sleep until a record, a new channel, or an ack;
+        // then cancel the other waits so none of them lingers.
+        const round = new AbortController();
+        const signal = AbortSignal.any([this.abort.signal, round.signal]);
+        await Promise.race([
+          ...this.subs.map((s) => s.wait(60_000, { after: this.sent.get(s)!, signal })),
+          new Promise<void>((r) => (this.wake = r)),
+        ]);
+        round.abort();
+      }
+      await session.writable();
+    }
+  }
+
+  /** Sends one batch from the first subscriber that has records; false if none had. */
+  private async sendOne(): Promise<boolean> {
+    const { session, maxBatchBytes } = this.opts;
+    for (const sub of this.subs) {
+      const after = this.sent.get(sub)!;
+      const recs = await sub.fetchRaw({ max: 10_000, maxBytes: maxBatchBytes - 1024, after: new Map(after) });
+      if (recs.length === 0) continue;
+      // One batch = consecutive records of the first channel fetched.
+      const channel = recs[0]!.msg.channel;
+      const mine = recs.filter((r) => r.msg.channel === channel);
+      const covers = mine[mine.length - 1]!.msg.seq;
+      after.set(channel, covers + 1);
+      const peer = session.peer.name;
+      const toSend = mine.filter((r) => !r.msg.route.includes(peer) && (this.opts.allow?.(channel) ?? true));
+      this.loopSkipped += mine.filter((r) => r.msg.route.includes(peer)).length;
+      if (toSend.length === 0) {
+        // Nothing the peer may or should get: account for it without a round trip.
+        const log = this.opts.messenger.channelLog(channel);
+        if (log) sub.ack(log, covers);
+        return true;
+      }
+      const batch = this.nextBatch++;
+      this.inflight.set(batch, { sub, channel, covers });
+      session.send(batchFrame({ batch, channel, seqs: toSend.map((r) => r.msg.seq), records: toSend.map((r) => r.body) }));
+      return true;
+    }
+    return false;
+  }
+
+  /** An ACK from the peer: the cursor moves past what the batch covered. */
+  onAck(ack: Ack): void {
+    const f = this.inflight.get(ack.batch);
+    if (!f || f.channel !== ack.channel) {
+      this.opts.logger.warn("ack for an unknown batch ignored", { peer: this.opts.session.peer.name, batch: ack.batch, channel: ack.channel });
+      return;
+    }
+    this.inflight.delete(ack.batch);
+    const log = this.opts.messenger.channelLog(f.channel);
+    if (log) f.sub.ack(log, f.covers);
+    this.wake?.();
+  }
+
+  /** Batches sent and not yet acknowledged. */
+  get unacked(): number {
+    return this.inflight.size;
+  }
+
+  /** Stops sending; unacknowledged batches are sent again by the next session. */
+  stop(): void {
+    this.stopped = true;
+    this.abort.abort();
+    this.wake?.();
+  }
+}
+

@@ -1,0 +1,103 @@
+/**
+ * Store and forward, receiving side: checks every record of a BATCH (an
+ * envelope of the batch's channel; allowed by the peer's publish rules; not
+ * already through this instance; not a recent duplicate), appends this
+ * instance to its route, stores the survivors in one group commit, and only
+ * then ACKs. Records dropped on purpose are audited and still acknowledged,
+ * so a bad sender cannot stall a link.
+ */
+import { decodeEnvelope, encodeEnvelope, type Message } from "../envelope/envelope.ts";
+import type { Messenger } from "../messenger/messenger.ts";
+import type { Logger } from "../observability/logger.ts";
+import type { AuditLog } from "./audit.ts";
+import type { RecentIds } from "./dedup.ts";
+import { ackFrame, type Batch } from "./messages.ts";
+import type { PeerSession } from "./session.ts";
+
+/** What a receiver needs. */
+export interface ReceiverOptions {
+  messenger: Messenger;
+  /** This instance's name, appended to every stored record's route. */
+  self: string;
+  dedup: RecentIds;
+  logger: Logger;
+  audit?: AuditLog | undefined;
+  /** The hub's publish rules for this peer; absent on a link (the hub is trusted for what it sends). */
+  allow?: (channel: string) => boolean;
+}
+
+/** Counts of what a receiver did, for status and tests. */
+export interface ReceiverStats {
+  stored: number;
+  loops: number;
+  duplicates: number;
+  violations: number;
+}
+
+/** Handles the BATCH frames of one session, strictly in arrival order. */
+export class Receiver {
+  private readonly opts: ReceiverOptions;
+  private chain: Promise<void> = Promise.resolve();
+  readonly stats: ReceiverStats = { stored: 0, loops: 0, duplicates: 0, violations: 0 };
+
+  constructor(opts: ReceiverOptions) {
+    this.opts = opts;
+  }
+
+  /** Queues `batch`; its ACK goes out after its records are durable. */
+  handle(session: PeerSession, batch: Batch): void {
+    this.chain = this.chain.then(() => this.store(session, batch));
+  }
+
+  private async store(session: PeerSession, batch: Batch): Promise<void> {
+    if (session.state !== "open") return;
+    const { self, dedup, audit } = this.opts;
+    const peer = session.peer.name;
+    const keep: Message[] = [];
+    for (let i = 0; i < batch.records.length; i++) {
+      let msg: Message;
+      try {
+        msg = decodeEnvelope(batch.records[i]!, batch.seqs[i]!);
+      } catch {
+        audit?.record("malformed_frame", { peer, channel: batch.channel, reason: "record is not an envelope" });
+        return session.close("malformed_frame", `record ${batch.seqs[i]} of batch ${batch.batch} is not an envelope`);
+      }
+      if (msg.channel !== batch.channel) {
+        audit?.record("malformed_frame", { peer, channel: batch.channel, reason: `record of channel ${msg.channel} in a batch of ${batch.channel}` });
+        return session.close("malformed_frame", "record channel does not match its batch");
+      }
+      if (this.opts.allow && !this.opts.allow(msg.channel)) {
+        this.stats.violations++;
+        audit?.record("policy_violation", { peer, channel: msg.channel, id: msg.id, reason: "outside the peer's publish rules" });
+        continue;
+      }
+      if (msg.route.includes(self)) {
+        this.stats.loops++;
+        audit?.record("loop_dropped", { peer, channel: msg.channel, id: msg.id, route: msg.route });
+        continue;
+      }
+      if (dedup.has(msg.id) || keep.some((k) => k.id === msg.id)) {
+        this.stats.duplicates++;
+        audit?.record("duplicate_dropped", { peer, channel: msg.channel, id: msg.id });
+        continue;
+      }
+      keep.push(msg);
+    }
+    if (keep.length > 0) {
+      const bodies = keep.map((m) =>
+        encodeEnvelope({ id: m.id, ts: m.ts, channel: m.channel, origin: m.origin, type: m.type, correlationId: m.correlationId, serviceName: m.serviceName, route: [...m.route, self], payload: m.payload }),
+      );
+      try {
+        await this.opts.messenger.ingest(batch.channel, bodies);
+      } catch (err) {
+        // Not stored, so not acknowledged: the sender will send it again on the next session.
+        this.opts.logger.error("could not store a forwarded batch", { peer, channel: batch.channel, error: String(err) });
+        return session.close("store_failed", err instanceof Error ? err.message : String(err));
+      }
+      for (const m of keep) dedup.seen(m.id);
+      this.stats.stored += keep.length;
+    }
+    if (session.state === "open") session.send(ackFrame({ batch: batch.batch, channel: batch.channel, upto: batch.seqs[batch.seqs.length - 1]! }));
+  }
+}
+
