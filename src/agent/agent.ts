@@ -10,6 +10,7 @@ import { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import { COMMIT, VERSION } from "../version.ts";
 import { expiryWarnings, loadTlsMaterial, type TlsMaterial } from "../pki/tls.ts";
+import { Federation } from "../federation/federation.ts";
 
 /** Largest NDJSON or msgpack batch body: 16 MiB, or one message if larger. */
 export function batchLimit(maxMessageBytes: number): number {
@@ -26,6 +27,8 @@ export class Agent {
   private stopping: Promise<void> | null = null;
 
   private tls: TlsMaterial | undefined;
+  /** Hub listener and links, when configured. */
+  federation: Federation | undefined;
 
   private constructor(config: AgentConfig, messenger: Messenger, api: ApiServer, logger: Logger, tls: TlsMaterial | undefined) {
     this.tls = tls;
@@ -40,9 +43,6 @@ export class Agent {
     const federated = config.hub !== undefined || config.links.length > 0;
     if (federated && process.env.NODE_TLS_REJECT_UNAUTHORIZED === "0") {
       throw new KeyopError("invalid_config", "NODE_TLS_REJECT_UNAUTHORIZED=0 is set: refusing to run federation with certificate checks weakened; unset it");
-    }
-    if (federated) {
-      throw new KeyopError("invalid_config", "hub and links (federation) are not available in this build yet; remove them to run the local agent");
     }
     const tls = config.tls ? await loadTlsMaterial(config.tls) : undefined;
     if (tls) for (const w of expiryWarnings(tls)) logger.warn("certificate expiry", { warning: w });
@@ -72,7 +72,13 @@ export class Agent {
         gauges: () => ({ keyop_uptime_seconds: { help: "Seconds since the agent started.", value: (Date.now() - (agent?.startedAt ?? Date.now())) / 1000 } }),
       });
       agent = new Agent(config, messenger, api, logger, tls);
+      if (federated) {
+        // The config validation guarantees tls is set whenever hub or links are.
+        agent.federation = new Federation(messenger, config, tls!, logger);
+        agent.federation.start();
+      }
     } catch (err) {
+      await agent?.api.stop().catch(() => {});
       await messenger.close();
       throw err;
     }
@@ -91,7 +97,7 @@ export class Agent {
       data_dir: resolve(this.config.storage.dataDir),
       sync: this.config.storage.sync,
       tls: this.tls ? tlsStatus(this.tls) : null,
-      links: [],
+      links: this.federation?.status() ?? [],
     };
   }
 
@@ -111,6 +117,7 @@ export class Agent {
         throw new KeyopError("invalid_config", `the new certificate is for "${next.name}", this instance is "${this.tls.name}"`);
       }
       this.tls = next;
+      this.federation?.reloadTls(next);
       for (const w of expiryWarnings(next)) this.logger.warn("certificate expiry", { warning: w });
       this.logger.info("tls material reloaded", tlsStatus(next));
       return true;
@@ -127,6 +134,7 @@ export class Agent {
   stop(): Promise<void> {
     this.stopping ??= (async () => {
       this.logger.info("agent stopping");
+      await this.federation?.stop();
       await this.api.stop();
       await this.messenger.close();
       this.logger.info("agent stopped");

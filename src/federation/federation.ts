@@ -1,0 +1,326 @@
+/**
+ * Federation for one agent: the hub listener (`hub.listen`, `hub.peers`) and
+ * the client links (`links[]`), each session running a Forwarder (what this
+ * side sends) and a Receiver (what it stores), over mutual TLS. Links
+ * reconnect with exponential backoff and jitter (SPEC §5).
+ */
+import { compilePattern, type Matcher } from "../envelope/names.ts";
+import type { AgentConfig, LinkConfig, PeerConfig } from "../config/schema.ts";
+import type { Messenger } from "../messenger/messenger.ts";
+import type { Logger } from "../observability/logger.ts";
+import { connectMtls, MtlsServer } from "../pki/mtls.ts";
+import type { TlsMaterial } from "../pki/tls.ts";
+import { AuditLog } from "./audit.ts";
+import { RecentIds } from "./dedup.ts";
+import { Forwarder } from "./forwarder.ts";
+import { PROTOCOL_VERSION } from "./frame.ts";
+import { Receiver } from "./receiver.ts";
+import { HANDSHAKE_TIMEOUT_MS, PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
+
+/** A connection is "healthy" (backoff resets) after staying up this long. */
+const HEALTHY_AFTER_MS = 10_000;
+
+/** What `/v1/status` shows of one link or hub peer. */
+export interface LinkStatus {
+  kind: "link" | "peer";
+  /** host:port for links, CN for hub peers. */
+  target: string;
+  state: "connecting" | "open" | "backoff";
+  peer: string | null;
+  connected_since: string | null;
+  reconnects: number;
+  rtt_ms: number | null;
+  unacked_batches: number;
+  stored: number;
+  last_error: string | null;
+}
+
+interface SessionParts {
+  forwarder?: Forwarder;
+  receiver: Receiver;
+}
+
+function splitHostPort(hp: string): { hostname: string; port: number } {
+  const i = hp.lastIndexOf(":");
+  return { hostname: hp.slice(0, i).replace(/^\[|\]$/g, ""), port: Number(hp.slice(i + 1)) };
+}
+
+/** Backoff delay for attempt `n` (from 1): base doubling to max, ± jitter. */
+export function backoffDelay(n: number, baseMs: number, maxMs: number, jitter: number, rand = Math.random): number {
+  const d = Math.min(maxMs, baseMs * 2 ** Math.max(0, n - 1));
+  return Math.max(0, Math.round(d * (1 + jitter * (2 * rand() - 1))));
+}
+
+/** The federation side of an agent. */
+export class Federation {
+  private readonly messenger: Messenger;
+  private readonly cfg: AgentConfig;
+  private readonly logger: Logger;
+  private material: TlsMaterial;
+  private readonly audit: AuditLog | undefined;
+  private readonly dedup: RecentIds;
+  private server: MtlsServer<PeerSession> | null = null;
+  private readonly parts = new Map<PeerSession, SessionParts>();
+  private readonly peers = new Map<string, { cfg: PeerConfig; publish: Matcher[]; subscribe: Matcher[] }>();
+  private readonly links: LinkRunner[] = [];
+  private stopped = false;
+
+  constructor(messenger: Messenger, cfg: AgentConfig, material: TlsMaterial, logger: Logger) {
+    this.messenger = messenger;
+    this.cfg = cfg;
+    this.material = material;
+    this.logger = logger;
+    this.dedup = new RecentIds(cfg.dedup.capacity);
+    this.audit = cfg.audit.path ? new AuditLog({ path: cfg.audit.path, maxFileBytes: cfg.audit.maxFileBytes, maxFiles: cfg.audit.maxFiles, logger }) : undefined;
+    for (const p of cfg.hub?.peers ?? []) this.peers.set(p.name, { cfg: p, publish: p.publish.map((x) => compilePattern(x)), subscribe: p.subscribe.map((x) => compilePattern(x)) });
+  }
+
+  /** Starts the hub listener and every link. */
+  start(): void {
+    if (this.cfg.hub) {
+      const { hostname, port } = splitHostPort(this.cfg.hub.listen);
+      this.server = MtlsServer.listen<PeerSession>(
+        {
+          hostname,
+          port,
+          material: this.material,
+          logger: this.logger,
+          authorize: (p) => (this.peers.has(p.name) ? null : `unknown peer "${p.name}" (not in hub.peers)`),
+          onReject: (reason, remote) => this.audit?.record("peer_rejected", { remote, reason }),
+        },
+        sessionHandler(this.sessionOptions("hub"), this.hubEvents()),
+      );
+      this.logger.info("hub listening", { listen: `${hostname}:${this.server.port}`, peers: [...this.peers.keys()] });
+    }
+    for (const l of this.cfg.links) {
+      const runner = new LinkRunner(this, l);
+      this.links.push(runner);
+      void runner.run();
+    }
+  }
+
+  /** The port the hub listens on (tests use port 0). */
+  get hubPort(): number | undefined {
+    return this.server?.port;
+  }
+
+  private sessionOptions(role: "client" | "hub") {
+    return { role, maxBody: this.cfg.federation.maxBatchBytes + 64 * 1024, heartbeatMs: this.cfg.federation.heartbeatMs, logger: this.logger, audit: this.audit };
+  }
+
+  private forwarder(s: PeerSession, patterns: string[], start: "latest" | "earliest", allow?: (c: string) => boolean): Forwarder | undefined {
+    if (patterns.length === 0) return undefined;
+    const f = new Forwarder({ messenger: this.messenger, session: s, patterns, start, allow, window: this.cfg.federation.window, maxBatchBytes: this.cfg.federation.maxBatchBytes, logger: this.logger });
+    void f.run().catch((err) => this.logger.error("forwarder stopped with an error", { peer: s.peer.name, error: String(err) }));
+    return f;
+  }
+
+  private common(): Pick<SessionEvents, "onBatch" | "onAck" | "onClose"> {
+    return {
+      onBatch: (s, b) => this.parts.get(s)?.receiver.handle(s, b),
+      onAck: (s, a) => this.parts.get(s)?.forwarder?.onAck(a),
+      onClose: (s, reason) => {
+        this.parts.get(s)?.forwarder?.stop();
+        this.parts.delete(s);
+        this.audit?.record("peer_disconnected", { peer: s.peer.name, reason });
+      },
+    };
+  }
+
+  private hubEvents(): SessionEvents {
+    return {
+      ...this.common(),
+      onHello: (s, hello) => {
+        const peer = this.peers.get(s.peer.name)!;
+        const allowPublish = (c: string) => peer.publish.some((m) => m(c));
+        this.parts.set(s, { receiver: new Receiver({ messenger: this.messenger, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit, allow: allowPublish }) });
+        return {
+          version: PROTOCOL_VERSION,
+          name: this.messenger.name,
+          publish: peer.cfg.publish,
+          subscribe: hello.subscribe,
+          heartbeatMs: hello.heartbeatMs,
+          maxBatchBytes: Math.min(hello.maxBatchBytes, this.cfg.federation.maxBatchBytes),
+        };
+      },
+      onOpen: (s) => {
+        const peer = this.peers.get(s.peer.name)!;
+        const parts = this.parts.get(s)!;
+        // Down: what the peer asked for, channel by channel limited to what it may receive.
+        parts.forwarder = this.forwarder(s, s.hello!.subscribe, "latest", (c) => peer.subscribe.some((m) => m(c)));
+        this.audit?.record("peer_connected", { peer: s.peer.name, fingerprint: s.peer.fingerprint });
+        this.logger.info("peer connected", { peer: s.peer.name });
+      },
+    };
+  }
+
+  /** @internal A link session's events. */
+  linkEvents(link: LinkConfig, runner: LinkRunner): SessionEvents {
+    return {
+      ...this.common(),
+      onOpen: (s) => {
+        this.parts.set(s, {
+          receiver: new Receiver({ messenger: this.messenger, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit }),
+          forwarder: this.forwarder(s, link.publish, link.start),
+        });
+        runner.opened(s);
+        this.audit?.record("peer_connected", { peer: s.peer.name, hub: link.hub });
+      },
+      onClose: (s, reason) => {
+        this.common().onClose!(s, reason);
+        runner.closed(reason);
+      },
+    };
+  }
+
+  /** @internal Connects one link session. */
+  async connect(link: LinkConfig, runner: LinkRunner): Promise<void> {
+    const { hostname, port } = splitHostPort(link.hub);
+    await connectMtls<PeerSession>(
+      { hostname, port, material: this.material, logger: this.logger, onReject: (reason) => runner.closed(`hub rejected: ${reason}`) },
+      sessionHandler(this.sessionOptions("client"), this.linkEvents(link, runner), (s) =>
+        s.sendHello({
+          versions: [PROTOCOL_VERSION],
+          name: this.messenger.name,
+          mode: "link",
+          publish: link.publish,
+          subscribe: link.subscribe,
+          heartbeatMs: this.cfg.federation.heartbeatMs,
+          maxBatchBytes: this.cfg.federation.maxBatchBytes,
+        }),
+      ),
+    );
+  }
+
+  /** Backoff settings. */
+  get backoff() {
+    return this.cfg.federation;
+  }
+
+  get isStopped(): boolean {
+    return this.stopped;
+  }
+
+  /** Links and connected hub peers. */
+  status(): LinkStatus[] {
+    const out: LinkStatus[] = this.links.map((l) => l.status());
+    for (const [s, p] of this.parts) {
+      if (s.role !== "hub") continue;
+      out.push({
+        kind: "peer",
+        target: s.peer.name,
+        state: s.state === "open" ? "open" : "connecting",
+        peer: s.peer.name,
+        connected_since: new Date(s.connectedAt).toISOString(),
+        reconnects: 0,
+        rtt_ms: s.rttMs ?? null,
+        unacked_batches: p.forwarder?.unacked ?? 0,
+        stored: p.receiver.stats.stored,
+        last_error: null,
+      });
+    }
+    return out;
+  }
+
+  /** New TLS material for new connections (SIGHUP). */
+  reloadTls(m: TlsMaterial): void {
+    this.material = m;
+    this.server?.reload(m);
+  }
+
+  /** @internal Current material for new link connections. */
+  get tls(): TlsMaterial {
+    return this.material;
+  }
+
+  /** Stops links and the listener, closing every session. */
+  async stop(): Promise<void> {
+    this.stopped = true;
+    for (const l of this.links) l.stop();
+    for (const s of [...this.parts.keys()]) s.close("shutdown", "agent stopping");
+    this.server?.stop(true);
+    await this.audit?.flush();
+  }
+}
+
+/** One configured link: connects, and reconnects with backoff when the session ends. */
+class LinkRunner {
+  private readonly fed: Federation;
+  private readonly link: LinkConfig;
+  private session: PeerSession | null = null;
+  private state: LinkStatus["state"] = "connecting";
+  private attempt = 0;
+  private reconnects = 0;
+  private lastError: string | null = null;
+  private ended: (() => void) | null = null;
+  private sleeping: ReturnType<typeof setTimeout> | null = null;
+  private wakeSleep: (() => void) | null = null;
+
+  constructor(fed: Federation, link: LinkConfig) {
+    this.fed = fed;
+    this.link = link;
+  }
+
+  async run(): Promise<void> {
+    while (!this.fed.isStopped) {
+      this.state = "connecting";
+      const done = new Promise<void>((r) => (this.ended = r));
+      try {
+        await this.fed.connect(this.link, this);
+        // A connection that dies before TLS verification ends no session: give up on it after a while.
+        const deadline = setTimeout(() => this.state === "connecting" && this.closed("no session within the handshake time limit"), HANDSHAKE_TIMEOUT_MS + 2_000);
+        await done;
+        clearTimeout(deadline);
+      } catch (err) {
+        this.lastError = err instanceof Error ? err.message : String(err);
+      }
+      if (this.fed.isStopped) return;
+      const healthy = this.session !== null && Date.now() - this.session.connectedAt > HEALTHY_AFTER_MS;
+      this.session = null;
+      this.attempt = healthy ? 1 : this.attempt + 1;
+      this.reconnects++;
+      const b = this.fed.backoff;
+      const delay = backoffDelay(this.attempt, b.reconnectBaseMs, b.reconnectMaxMs, b.reconnectJitter);
+      this.state = "backoff";
+      await new Promise<void>((r) => {
+        this.wakeSleep = r;
+        this.sleeping = setTimeout(r, delay);
+      });
+    }
+  }
+
+  opened(s: PeerSession): void {
+    this.session = s;
+    this.state = "open";
+    this.lastError = null;
+  }
+
+  closed(reason: string): void {
+    this.lastError = reason;
+    const e = this.ended;
+    this.ended = null;
+    e?.();
+  }
+
+  status(): LinkStatus {
+    const s = this.session;
+    return {
+      kind: "link",
+      target: this.link.hub,
+      state: this.state,
+      peer: s?.peer.name ?? null,
+      connected_since: s && this.state === "open" ? new Date(s.connectedAt).toISOString() : null,
+      reconnects: this.reconnects,
+      rtt_ms: s?.rttMs ?? null,
+      unacked_batches: 0,
+      stored: 0,
+      last_error: this.lastError,
+    };
+  }
+
+  stop(): void {
+    if (this.sleeping) clearTimeout(this.sleeping);
+    this.wakeSleep?.();
+    this.closed("agent stopping");
+  }
+}
