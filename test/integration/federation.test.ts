@@ -16,14 +16,37 @@ const api = (a: AgentProc, method: string, path: string, body?: unknown) =>
   fetch(`http://k${path}`, { method, body: body === undefined ? undefined : JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit).then((r) => r.json() as Promise<any>);
 
 let dir: string;
+let port: number;
 let hub: AgentProc, devA: AgentProc, devB: AgentProc;
+
+/** SHA-256 fingerprint of the certificate the hub presents to a new connection. */
+async function hubFingerprint(): Promise<string> {
+  const pki = join(dir, "pki");
+  const ca = await Bun.file(join(pki, "ca.crt")).text();
+  return new Promise((resolve, reject) => {
+    Bun.connect({
+      hostname: "127.0.0.1",
+      port,
+      tls: { ca, cert: Bun.file(join(pki, "devB.crt")), key: Bun.file(join(pki, "devB.key")), rejectUnauthorized: false },
+      socket: {
+        handshake(s) {
+          const fp = s.getPeerX509Certificate()?.fingerprint256 ?? "";
+          s.end();
+          resolve(fp);
+        },
+        data() {},
+        error: (_s, e) => reject(e),
+      },
+    }).catch(reject);
+  });
+}
 
 beforeAll(async () => {
   dir = tmpDir();
   const pki = join(dir, "pki");
   expect((await cli(["cert", "ca", "--out-dir", pki])).code).toBe(0);
   for (const n of ["hub", "devA", "devB"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
-  const port = freePort();
+  port = freePort();
   const tls = (n: string) => `tls:\n  cert: ${pki}/${n}.crt\n  key: ${pki}/${n}.key\n  ca: ${pki}/ca.crt\n`;
   const fed = "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 1s\n";
   const cfg = (n: string, body: string) => {
@@ -93,4 +116,21 @@ describe("federation between keyop run processes", () => {
     expect(got.map((m) => m.id)).toEqual(ids);
     expect(new Set(got.map((m) => m.id)).size).toBe(300);
   }, 60_000);
+
+  test("SIGHUP: after the files are replaced, a new connection presents the new certificate; links stay up", async () => {
+    const before = await hubFingerprint();
+    const reconnectsBefore = (await api(devA, "GET", "/v1/status")).links[0].reconnects;
+    const pki = join(dir, "pki");
+    expect((await cli(["cert", "issue", "--name", "hub", "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1", "--days", "100", "--force"])).code).toBe(0);
+    hub.child.proc.kill("SIGHUP");
+    await waitFor(async () => (await api(hub, "GET", "/v1/status")).tls.cert_days_left === 99, "hub reloaded its certificate");
+    const after = await hubFingerprint();
+    expect(after).not.toBe(before);
+    // the device links did not drop: a message still crosses A -> hub -> B
+    const r = await api(devA, "POST", "/v1/channels/t.after-reload/messages", { type: "n", payload: 1 });
+    const got = await api(devB, "GET", "/v1/channels/t.after-reload/messages?subscriber=s&from=earliest&wait=10000");
+    expect(got.messages[0]?.id).toBe(r.id);
+    expect((await api(devA, "GET", "/v1/status")).links[0]).toMatchObject({ state: "open", reconnects: reconnectsBefore });
+  }, 30_000);
 });
+
