@@ -17,7 +17,8 @@ const api = (a: AgentProc, method: string, path: string, body?: unknown) =>
 
 let dir: string;
 let port: number;
-let hub: AgentProc, devA: AgentProc, devB: AgentProc;
+let hub: AgentProc, devA: AgentProc, devB: AgentProc, relay: AgentProc, devC: AgentProc;
+let relayPort: number;
 
 /** SHA-256 fingerprint of the certificate the hub presents to a new connection. */
 async function hubFingerprint(): Promise<string> {
@@ -45,7 +46,7 @@ beforeAll(async () => {
   dir = tmpDir();
   const pki = join(dir, "pki");
   expect((await cli(["cert", "ca", "--out-dir", pki])).code).toBe(0);
-  for (const n of ["hub", "devA", "devB"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
+  for (const n of ["hub", "devA", "devB", "relay", "devC"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
   port = freePort();
   const tls = (n: string) => `tls:\n  cert: ${pki}/${n}.crt\n  key: ${pki}/${n}.key\n  ca: ${pki}/ca.crt\n`;
   const fed = "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 1s\n";
@@ -54,20 +55,25 @@ beforeAll(async () => {
     writeFileSync(f, tls(n) + fed + `audit:\n  path: ${dir}/${n}-audit.log\n` + body);
     return f;
   };
-  const hubCfg = cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["t.>"]\n      subscribe: ["cmd.devA.>"]\n    - name: devB\n      publish: []\n      subscribe: ["t.>"]\n`);
+  const hubCfg = cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["t.>"]\n      subscribe: ["cmd.devA.>"]\n    - name: devB\n      publish: []\n      subscribe: ["t.>"]\n    - name: relay\n      publish: ["chain.>"]\n      subscribe: []\n`);
   const aCfg = cfg("devA", `links:\n  - hub: 127.0.0.1:${port}\n    publish: ["t.>", "secret.>"]\n    subscribe: ["cmd.devA.>"]\n    start: earliest\n`);
   const bCfg = cfg("devB", `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["t.>"]\n`);
+  relayPort = freePort();
+  const relayCfg = cfg("relay", `hub:\n  listen: 127.0.0.1:${relayPort}\n  peers:\n    - name: devC\n      publish: ["chain.>"]\n      subscribe: []\nlinks:\n  - hub: 127.0.0.1:${port}\n    publish: ["chain.>"]\n    subscribe: []\n`);
+  const cCfg = cfg("devC", `links:\n  - hub: 127.0.0.1:${relayPort}\n    publish: ["chain.>"]\n    subscribe: []\n`);
   hub = await runAgent(join(dir, "hub"), ["--config", hubCfg]);
   devA = await runAgent(join(dir, "devA"), ["--config", aCfg]);
   devB = await runAgent(join(dir, "devB"), ["--config", bCfg]);
+  relay = await runAgent(join(dir, "relay"), ["--config", relayCfg]);
+  devC = await runAgent(join(dir, "devC"), ["--config", cCfg]);
   await waitFor(async () => {
     const st = await api(hub, "GET", "/v1/status");
-    return st.links.filter((l: any) => l.kind === "peer" && l.state === "open").length === 2;
-  }, "both devices connected to the hub", 20_000);
+    return st.links.filter((l: any) => l.kind === "peer" && l.state === "open").length === 3;
+  }, "both devices and the relay connected to the hub", 20_000);
 }, 60_000);
 
 afterAll(async () => {
-  for (const a of [devA, devB, hub]) {
+  for (const a of [devC, relay, devA, devB, hub]) {
     a?.child.proc.kill("SIGTERM");
     await a?.child.proc.exited;
   }
@@ -80,6 +86,13 @@ describe("federation between keyop run processes", () => {
     const got = await api(devB, "GET", "/v1/channels/t.temp/messages?subscriber=s&from=earliest&wait=10000");
     expect(got.messages).toHaveLength(1);
     expect(got.messages[0]).toMatchObject({ id: r.id, channel: "t.temp", origin: "devA", route: ["devA", "hub", "devB"], payload: { c: 21 } });
+  }, 30_000);
+
+  test("three hops: device -> relay -> hub", async () => {
+    await waitFor(async () => (await api(devC, "GET", "/v1/status")).links[0]?.state === "open", "devC linked to the relay");
+    const r = await api(devC, "POST", "/v1/channels/chain.x/messages", { type: "n", payload: "hop" });
+    const got = await api(hub, "GET", "/v1/channels/chain.x/messages?subscriber=s&from=earliest&wait=10000");
+    expect(got.messages[0]).toMatchObject({ id: r.id, origin: "devC", route: ["devC", "relay", "hub"], payload: "hop" });
   }, 30_000);
 
   test("hub -> device command, and the link state in status", async () => {
@@ -98,23 +111,28 @@ describe("federation between keyop run processes", () => {
     expect((await api(hub, "GET", "/v1/channels")).channels.map((c: any) => c.channel)).not.toContain("secret.plans");
   }, 30_000);
 
-  test("hub down while A publishes; hub back: everything arrives at B once, in order", async () => {
+  test("hub down while A publishes 10,000 messages; hub back: every one arrives at B once, in order", async () => {
     hub.child.proc.kill("SIGTERM");
     await hub.child.proc.exited;
     const ids: string[] = [];
-    for (let i = 0; i < 300; i++) ids.push((await api(devA, "POST", "/v1/channels/t.offline/messages", { type: "n", payload: i })).id);
+    for (let b = 0; b < 10; b++) {
+      const body = Array.from({ length: 1000 }, (_, i) => JSON.stringify({ type: "n", payload: b * 1000 + i })).join("\n");
+      const r = (await fetch("http://k/v1/channels/t.offline/messages", { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: devA.socket } as RequestInit).then((x) => x.json())) as { results: { id: string }[] };
+      ids.push(...r.results.map((x) => x.id));
+    }
     hub = await runAgent(join(dir, "hub"), ["--config", join(dir, "hub.yaml")]);
     const got: any[] = [];
     await waitFor(async () => {
-      const r = await api(devB, "GET", `/v1/channels/t.offline/messages?subscriber=o&from=earliest&max=1000&wait=1000`);
+      const r = await api(devB, "GET", `/v1/channels/t.offline/messages?subscriber=o&from=earliest&max=10000&wait=1000`);
       if (r.messages?.length) {
         got.push(...r.messages);
         await api(devB, "POST", "/v1/channels/t.offline/subscribers/o/ack", { seq: r.messages.at(-1).seq });
       }
-      return got.length >= 300;
-    }, "300 offline messages at B", 30_000);
+      return got.length >= 10_000;
+    }, "10,000 offline messages at B", 60_000);
+    expect(got.length).toBe(10_000);
     expect(got.map((m) => m.id)).toEqual(ids);
-    expect(new Set(got.map((m) => m.id)).size).toBe(300);
+    expect(got.map((m) => m.payload)).toEqual(Array.from({ length: 10_000 }, (_, i) => i));
   }, 60_000);
 
   test("SIGHUP: after the files are replaced, a new connection presents the new certificate; links stay up", async () => {
