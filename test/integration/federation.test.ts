@@ -3,6 +3,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { tmpDir, waitFor } from "../helpers.ts";
 import { cli, runAgent, type AgentProc } from "./agent-process.ts";
+import { FaultProxy } from "./fault-proxy.ts";
 
 /** A free loopback port (bound and released; fine on a test machine). */
 function freePort(): number {
@@ -17,7 +18,8 @@ const api = (a: AgentProc, method: string, path: string, body?: unknown) =>
 
 let dir: string;
 let port: number;
-let hub: AgentProc, devA: AgentProc, devB: AgentProc, relay: AgentProc, devC: AgentProc;
+let hub: AgentProc, devA: AgentProc, devB: AgentProc, relay: AgentProc, devC: AgentProc, devD: AgentProc;
+let proxy: FaultProxy;
 let relayPort: number;
 
 /** SHA-256 fingerprint of the certificate the hub presents to a new connection. */
@@ -46,7 +48,7 @@ beforeAll(async () => {
   dir = tmpDir();
   const pki = join(dir, "pki");
   expect((await cli(["cert", "ca", "--out-dir", pki])).code).toBe(0);
-  for (const n of ["hub", "devA", "devB", "relay", "devC"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
+  for (const n of ["hub", "devA", "devB", "relay", "devC", "devD"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
   port = freePort();
   const tls = (n: string) => `tls:\n  cert: ${pki}/${n}.crt\n  key: ${pki}/${n}.key\n  ca: ${pki}/ca.crt\n`;
   const fed = "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 1s\n";
@@ -55,7 +57,7 @@ beforeAll(async () => {
     writeFileSync(f, tls(n) + fed + `audit:\n  path: ${dir}/${n}-audit.log\n` + body);
     return f;
   };
-  const hubCfg = cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["t.>"]\n      subscribe: ["cmd.devA.>"]\n    - name: devB\n      publish: []\n      subscribe: ["t.>"]\n    - name: relay\n      publish: ["chain.>"]\n      subscribe: []\n`);
+  const hubCfg = cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["t.>"]\n      subscribe: ["cmd.devA.>"]\n    - name: devB\n      publish: []\n      subscribe: ["t.>"]\n    - name: relay\n      publish: ["chain.>"]\n      subscribe: []\n    - name: devD\n      publish: ["t.>"]\n      subscribe: []\n`);
   const aCfg = cfg("devA", `links:\n  - hub: 127.0.0.1:${port}\n    publish: ["t.>", "secret.>"]\n    subscribe: ["cmd.devA.>"]\n    start: earliest\n`);
   const bCfg = cfg("devB", `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["t.>"]\n`);
   relayPort = freePort();
@@ -66,14 +68,17 @@ beforeAll(async () => {
   devB = await runAgent(join(dir, "devB"), ["--config", bCfg]);
   relay = await runAgent(join(dir, "relay"), ["--config", relayCfg]);
   devC = await runAgent(join(dir, "devC"), ["--config", cCfg]);
+  proxy = new FaultProxy(port);
+  devD = await runAgent(join(dir, "devD"), ["--config", cfg("devD", `links:\n  - hub: 127.0.0.1:${proxy.port}\n    publish: ["t.>"]\n    subscribe: []\n`)]);
   await waitFor(async () => {
     const st = await api(hub, "GET", "/v1/status");
-    return st.links.filter((l: any) => l.kind === "peer" && l.state === "open").length === 3;
-  }, "both devices and the relay connected to the hub", 20_000);
+    return st.links.filter((l: any) => l.kind === "peer" && l.state === "open").length === 4;
+  }, "devices A, B, D and the relay connected to the hub", 20_000);
 }, 60_000);
 
 afterAll(async () => {
-  for (const a of [devC, relay, devA, devB, hub]) {
+  proxy?.stop();
+  for (const a of [devD, devC, relay, devA, devB, hub]) {
     a?.child.proc.kill("SIGTERM");
     await a?.child.proc.exited;
   }
@@ -150,5 +155,49 @@ describe("federation between keyop run processes", () => {
     expect(got.messages[0]?.id).toBe(r.id);
     expect((await api(devA, "GET", "/v1/status")).links[0]).toMatchObject({ state: "open", reconnects: reconnectsBefore });
   }, 30_000);
+
+  test("a link cut mid-batch many times loses nothing and stores nothing twice", async () => {
+    const ids: string[] = [];
+    const publishing = (async () => {
+      for (let b = 0; b < 20; b++) {
+        const body = Array.from({ length: 250 }, (_, i) => JSON.stringify({ type: "n", payload: b * 250 + i })).join("\n");
+        const r = (await fetch("http://k/v1/channels/t.faults/messages", { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: devD.socket } as RequestInit).then((x) => x.json())) as { results: { id: string }[] };
+        ids.push(...r.results.map((x) => x.id));
+        await Bun.sleep(20);
+      }
+    })();
+    // Cut every connection through the proxy again and again while batches are in flight.
+    while (proxy.cuts < 15) {
+      await Bun.sleep(60);
+      proxy.cut();
+    }
+    await publishing;
+    const got: any[] = [];
+    await waitFor(async () => {
+      const r = await api(devB, "GET", `/v1/channels/t.faults/messages?subscriber=f&from=earliest&max=10000&wait=1000`);
+      if (r.messages?.length) {
+        got.push(...r.messages);
+        await api(devB, "POST", "/v1/channels/t.faults/subscribers/f/ack", { seq: r.messages.at(-1).seq });
+      }
+      return got.length >= 5000;
+    }, "5,000 messages at B despite the cuts", 60_000);
+    expect(got.map((m) => m.id)).toEqual(ids);
+    expect(new Set(got.map((m) => m.id)).size).toBe(5000);
+  }, 90_000);
+
+  test("a blackholed link (no FIN) is noticed within three heartbeats, and catches up once the path is back", async () => {
+    await waitFor(async () => (await api(devD, "GET", "/v1/status")).links[0]?.state === "open", "devD linked");
+    proxy.blackholed = true;
+    const t0 = Date.now();
+    const r = await api(devD, "POST", "/v1/channels/t.blackhole/messages", { type: "n", payload: "during" });
+    await waitFor(async () => (await api(devD, "GET", "/v1/status")).links[0]?.state !== "open", "devD notices the dead link", 10_000, 20);
+    const noticed = Date.now() - t0;
+    expect(noticed).toBeLessThan(3 * 500 + 500 + 1000); // 3 heartbeats of 500 ms, the check period, slack
+    expect((await api(devD, "GET", "/v1/status")).links[0].last_error).toContain("heartbeat");
+    proxy.blackholed = false;
+    proxy.cut(); // the old, silent connections go; the link reconnects through the healthy path
+    const got = await api(devB, "GET", "/v1/channels/t.blackhole/messages?subscriber=s&from=earliest&wait=15000");
+    expect(got.messages[0]?.id).toBe(r.id);
+  }, 60_000);
 });
 
