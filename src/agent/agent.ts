@@ -69,7 +69,10 @@ export class Agent {
         limits: { maxMessageBytes: config.api.maxMessageBytes, maxBatchBytes: batchLimit(config.api.maxMessageBytes) },
         logger,
         status: () => agent!.statusFields(),
-        gauges: () => ({ keyop_uptime_seconds: { help: "Seconds since the agent started.", value: (Date.now() - (agent?.startedAt ?? Date.now())) / 1000 } }),
+        gauges: () => ({
+          keyop_uptime_seconds: { help: "Seconds since the agent started.", value: (Date.now() - (agent?.startedAt ?? Date.now())) / 1000 },
+          ...agent?.federation?.gauges(),
+        }),
       });
       agent = new Agent(config, messenger, api, logger, tls);
       if (federated) {

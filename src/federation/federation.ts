@@ -12,7 +12,7 @@ import { connectMtls, MtlsServer } from "../pki/mtls.ts";
 import type { TlsMaterial } from "../pki/tls.ts";
 import { AuditLog } from "./audit.ts";
 import { RecentIds } from "./dedup.ts";
-import { Forwarder } from "./forwarder.ts";
+import { cursorName, Forwarder } from "./forwarder.ts";
 import { PROTOCOL_VERSION } from "./frame.ts";
 import { Receiver } from "./receiver.ts";
 import { HANDSHAKE_TIMEOUT_MS, PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
@@ -31,7 +31,10 @@ export interface LinkStatus {
   reconnects: number;
   rtt_ms: number | null;
   unacked_batches: number;
+  /** Messages this side stored from the peer since start. */
   stored: number;
+  /** Per channel: messages waiting to be acknowledged by the peer. */
+  backlog: { channel: string; messages: number }[];
   last_error: string | null;
 }
 
@@ -203,7 +206,17 @@ export class Federation {
 
   /** Links and connected hub peers. */
   status(): LinkStatus[] {
-    const out: LinkStatus[] = this.links.map((l) => l.status());
+    const out: LinkStatus[] = this.links.map((l) => {
+      const st = l.status();
+      const parts = l.currentSession ? this.parts.get(l.currentSession) : undefined;
+      if (parts) {
+        st.unacked_batches = parts.forwarder?.unacked ?? 0;
+        st.stored = parts.receiver.stats.stored;
+      }
+      // From the durable cursors, so a link that is down still shows what waits for it.
+      if (l.lastPeer) st.backlog = this.backlogOf(l.lastPeer, l.config.publish);
+      return st;
+    });
     for (const [s, p] of this.parts) {
       if (s.role !== "hub") continue;
       out.push({
@@ -216,10 +229,45 @@ export class Federation {
         rtt_ms: s.rttMs ?? null,
         unacked_batches: p.forwarder?.unacked ?? 0,
         stored: p.receiver.stats.stored,
+        backlog: p.forwarder?.backlog() ?? [],
         last_error: null,
       });
     }
     return out;
+  }
+
+  /** Messages per channel stored here and not acknowledged by `peer`, from its durable cursors. */
+  private backlogOf(peer: string, patterns: string[]): { channel: string; messages: number }[] {
+    const out = new Map<string, number>();
+    for (const p of patterns) {
+      let sub;
+      try {
+        sub = this.messenger.openSubscriber(p, cursorName(peer), { create: false });
+      } catch {
+        continue; // never connected yet
+      }
+      for (const [channel, cursor] of sub.positions()) {
+        const log = this.messenger.channelLog(channel);
+        if (log) out.set(channel, (out.get(channel) ?? 0) + Math.max(0, log.nextSeq - cursor));
+      }
+    }
+    return [...out].map(([channel, messages]) => ({ channel, messages })).sort((a, b) => a.channel.localeCompare(b.channel));
+  }
+
+  /** Gauges for /metrics: link state, reconnects, RTT and backlog per peer and channel. */
+  gauges(): Record<string, { help: string; value: number; labels?: Record<string, string> }[]> {
+    const up: { help: string; value: number; labels: Record<string, string> }[] = [];
+    const reconnects: typeof up = [];
+    const rtt: typeof up = [];
+    const backlog: typeof up = [];
+    for (const l of this.status()) {
+      const labels = { kind: l.kind, target: l.target };
+      up.push({ help: "1 when the link or peer session is open.", value: l.state === "open" ? 1 : 0, labels });
+      if (l.kind === "link") reconnects.push({ help: "Times the link has reconnected since start.", value: l.reconnects, labels });
+      if (l.rtt_ms !== null) rtt.push({ help: "Last heartbeat round trip of the session, seconds.", value: l.rtt_ms / 1000, labels });
+      for (const b of l.backlog) backlog.push({ help: "Messages stored here and not yet acknowledged by the peer.", value: b.messages, labels: { ...labels, peer: l.peer ?? "", channel: b.channel } });
+    }
+    return { keyop_link_up: up, keyop_link_reconnects: reconnects, keyop_link_rtt_seconds: rtt, keyop_federation_backlog_messages: backlog };
   }
 
   /** New TLS material for new connections (SIGHUP). */
@@ -247,6 +295,8 @@ export class Federation {
 class LinkRunner {
   private readonly fed: Federation;
   private readonly link: LinkConfig;
+  /** Name (CN) of the hub at the last session: whose cursors hold this link's backlog. */
+  lastPeer: string | null = null;
   private session: PeerSession | null = null;
   private state: LinkStatus["state"] = "connecting";
   private attempt = 0;
@@ -289,8 +339,14 @@ class LinkRunner {
     }
   }
 
+  /** The link's configuration. */
+  get config(): LinkConfig {
+    return this.link;
+  }
+
   opened(s: PeerSession): void {
     this.session = s;
+    this.lastPeer = s.peer.name;
     this.state = "open";
     this.lastError = null;
   }
@@ -314,8 +370,14 @@ class LinkRunner {
       rtt_ms: s?.rttMs ?? null,
       unacked_batches: 0,
       stored: 0,
+      backlog: [],
       last_error: this.lastError,
     };
+  }
+
+  /** The open session, if any. */
+  get currentSession(): PeerSession | null {
+    return this.session;
   }
 
   stop(): void {

@@ -124,6 +124,19 @@ export class Forwarder {
     this.wake?.();
   }
 
+  /** Per channel: messages stored here that the peer has not acknowledged yet. */
+  backlog(): { channel: string; messages: number }[] {
+    const out = new Map<string, number>();
+    for (const sub of this.subs) {
+      for (const [channel, cursor] of sub.positions()) {
+        const log = this.opts.messenger.channelLog(channel);
+        if (!log || (this.opts.allow && !this.opts.allow(channel))) continue;
+        out.set(channel, (out.get(channel) ?? 0) + Math.max(0, log.nextSeq - cursor));
+      }
+    }
+    return [...out].map(([channel, messages]) => ({ channel, messages })).sort((a, b) => a.channel.localeCompare(b.channel));
+  }
+
   /** Batches sent and not yet acknowledged. */
   get unacked(): number {
     return this.inflight.size;

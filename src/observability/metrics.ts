@@ -5,8 +5,15 @@
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Histogram } from "./histogram.ts";
 
-/** Extra gauges supplied by the agent (connections, uptime, ...). */
-export type ExtraGauges = Record<string, { help: string; value: number; labels?: Record<string, string> }>;
+/** One gauge sample. */
+export interface GaugeSample {
+  help: string;
+  value: number;
+  labels?: Record<string, string>;
+}
+
+/** Extra gauges supplied by the agent (connections, uptime, links ...): one sample or a labelled family. */
+export type ExtraGauges = Record<string, GaugeSample | GaugeSample[]>;
 
 /** Histogram bucket upper bounds in seconds. */
 const BUCKETS_S = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5];
@@ -55,6 +62,11 @@ export function renderMetrics(m: Messenger, extra: ExtraGauges = {}): string {
   histogram(out, "keyop_fsync_duration_seconds", "Duration of each fdatasync of a channel log.", h.fsync);
   histogram(out, "keyop_publish_duration_seconds", "Time from publish to durable acknowledgement.", h.publishToDisk);
   histogram(out, "keyop_delivery_latency_seconds", "Time from publish to handler call (in-process subscribers).", h.publishToHandler);
-  for (const [name, g] of Object.entries(extra)) out.push(`# HELP ${name} ${g.help}`, `# TYPE ${name} gauge`, `${name}${labels(g.labels)} ${g.value}`);
+  for (const [name, g] of Object.entries(extra)) {
+    const samples = Array.isArray(g) ? g : [g];
+    if (samples.length === 0) continue;
+    out.push(`# HELP ${name} ${samples[0]!.help}`, `# TYPE ${name} gauge`);
+    for (const x of samples) out.push(`${name}${labels(x.labels)} ${x.value}`);
+  }
   return out.join("\n") + "\n";
 }

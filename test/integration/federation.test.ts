@@ -119,12 +119,16 @@ describe("federation between keyop run processes", () => {
   test("hub down while A publishes 10,000 messages; hub back: every one arrives at B once, in order", async () => {
     hub.child.proc.kill("SIGTERM");
     await hub.child.proc.exited;
+    await waitFor(async () => (await api(devA, "GET", "/v1/status")).links[0]?.state !== "open", "devA sees the hub gone");
     const ids: string[] = [];
     for (let b = 0; b < 10; b++) {
       const body = Array.from({ length: 1000 }, (_, i) => JSON.stringify({ type: "n", payload: b * 1000 + i })).join("\n");
       const r = (await fetch("http://k/v1/channels/t.offline/messages", { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: devA.socket } as RequestInit).then((x) => x.json())) as { results: { id: string }[] };
       ids.push(...r.results.map((x) => x.id));
     }
+    // While the hub is down, the link's status says what waits for it.
+    const waiting = (await api(devA, "GET", "/v1/status")).links[0].backlog;
+    expect(waiting).toContainEqual({ channel: "t.offline", messages: 10_000 });
     hub = await runAgent(join(dir, "hub"), ["--config", join(dir, "hub.yaml")]);
     const got: any[] = [];
     await waitFor(async () => {
@@ -138,6 +142,11 @@ describe("federation between keyop run processes", () => {
     expect(got.length).toBe(10_000);
     expect(got.map((m) => m.id)).toEqual(ids);
     expect(got.map((m) => m.payload)).toEqual(Array.from({ length: 10_000 }, (_, i) => i));
+    await waitFor(async () => ((await api(devA, "GET", "/v1/status")).links[0].backlog.find((b: any) => b.channel === "t.offline")?.messages ?? 0) === 0, "backlog drained");
+    const metrics = await (await fetch("http://k/metrics", { unix: devA.socket } as RequestInit)).text();
+    expect(metrics).toContain(`keyop_link_up{kind="link",target="127.0.0.1:${port}"} 1`);
+    expect(metrics).toMatch(new RegExp(`keyop_link_reconnects\\{kind="link",target="127.0.0.1:${port}"\\} [1-9]`));
+    expect(metrics).toContain(`keyop_federation_backlog_messages{kind="link",target="127.0.0.1:${port}",peer="hub",channel="t.offline"} 0`);
   }, 60_000);
 
   test("SIGHUP: after the files are replaced, a new connection presents the new certificate; links stay up", async () => {
