@@ -16,6 +16,20 @@ function freePort(): number {
 const api = (a: AgentProc, method: string, path: string, body?: unknown) =>
   fetch(`http://k${path}`, { method, body: body === undefined ? undefined : JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit).then((r) => r.json() as Promise<any>);
 
+/** Pulls and acks on `a` until `n` messages of `channel` came, or the deadline passes. */
+async function collect(a: AgentProc, channel: string, sub: string, n: number, timeoutMs: number): Promise<any[]> {
+  const got: any[] = [];
+  await waitFor(async () => {
+    const r = await api(a, "GET", `/v1/channels/${channel}/messages?subscriber=${sub}&from=earliest&max=10000&wait=1000`);
+    if (r.messages?.length) {
+      got.push(...r.messages);
+      await api(a, "POST", `/v1/channels/${channel}/subscribers/${sub}/ack`, { seq: r.messages.at(-1).seq });
+    }
+    return got.length >= n;
+  }, `${n} messages of ${channel}`, timeoutMs);
+  return got;
+}
+
 let dir: string;
 let port: number;
 let hub: AgentProc, devA: AgentProc, devB: AgentProc, relay: AgentProc, devC: AgentProc, devD: AgentProc;
@@ -130,15 +144,7 @@ describe("federation between keyop run processes", () => {
     const waiting = (await api(devA, "GET", "/v1/status")).links[0].backlog;
     expect(waiting).toContainEqual({ channel: "t.offline", messages: 10_000 });
     hub = await runAgent(join(dir, "hub"), ["--config", join(dir, "hub.yaml")]);
-    const got: any[] = [];
-    await waitFor(async () => {
-      const r = await api(devB, "GET", `/v1/channels/t.offline/messages?subscriber=o&from=earliest&max=10000&wait=1000`);
-      if (r.messages?.length) {
-        got.push(...r.messages);
-        await api(devB, "POST", "/v1/channels/t.offline/subscribers/o/ack", { seq: r.messages.at(-1).seq });
-      }
-      return got.length >= 10_000;
-    }, "10,000 offline messages at B", 60_000);
+    const got = await collect(devB, "t.offline", "o", 10_000, 60_000);
     expect(got.length).toBe(10_000);
     expect(got.map((m) => m.id)).toEqual(ids);
     expect(got.map((m) => m.payload)).toEqual(Array.from({ length: 10_000 }, (_, i) => i));
@@ -181,15 +187,7 @@ describe("federation between keyop run processes", () => {
       proxy.cut();
     }
     await publishing;
-    const got: any[] = [];
-    await waitFor(async () => {
-      const r = await api(devB, "GET", `/v1/channels/t.faults/messages?subscriber=f&from=earliest&max=10000&wait=1000`);
-      if (r.messages?.length) {
-        got.push(...r.messages);
-        await api(devB, "POST", "/v1/channels/t.faults/subscribers/f/ack", { seq: r.messages.at(-1).seq });
-      }
-      return got.length >= 5000;
-    }, "5,000 messages at B despite the cuts", 60_000);
+    const got = await collect(devB, "t.faults", "f", 5000, 60_000);
     expect(got.map((m) => m.id)).toEqual(ids);
     expect(new Set(got.map((m) => m.id)).size).toBe(5000);
   }, 90_000);
