@@ -47,6 +47,8 @@ export interface AgentConfig {
     heartbeatMs: number;
     maxBatchBytes: number;
     window: number;
+    /** Federation cursors of a peer not connected for this long are removed (ms). */
+    peerExpiryMs: number;
   };
   dedup: { capacity: number };
   audit: { path: string | undefined; maxFileBytes: number; maxFiles: number };
@@ -240,7 +242,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
   });
   if ((hubRaw || links.length > 0) && !tlsRaw) r.fail("tls", "is required for federation (hub or links)");
 
-  const fed = r.obj(top.federation, "federation", ["reconnect_base_ms", "reconnect_max_ms", "reconnect_jitter", "heartbeat_ms", "max_batch_bytes", "window"]) ?? {};
+  const fed = r.obj(top.federation, "federation", ["reconnect_base_ms", "reconnect_max_ms", "reconnect_jitter", "heartbeat_ms", "max_batch_bytes", "window", "peer_expiry"]) ?? {};
   const dedup = r.obj(top.dedup, "dedup", ["capacity"]) ?? {};
   const audit = r.obj(top.audit, "audit", ["path", "max_file_bytes", "max_files"]) ?? {};
   const log = r.obj(top.log, "log", ["level", "format"]) ?? {};
@@ -279,6 +281,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       heartbeatMs: r.duration(fed.heartbeat_ms, "federation.heartbeat_ms", 100) ?? 10_000,
       maxBatchBytes: r.size(fed.max_batch_bytes, "federation.max_batch_bytes", 1024) ?? 1024 * 1024,
       window: r.int(fed.window, "federation.window", 1, 1024) ?? 8,
+      peerExpiryMs: r.duration(fed.peer_expiry, "federation.peer_expiry", 60_000) ?? 7 * 86_400_000,
     },
     dedup: { capacity: r.int(dedup.capacity, "dedup.capacity", 0, 100_000_000) ?? 100_000 },
     audit: {

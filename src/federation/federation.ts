@@ -78,8 +78,32 @@ export class Federation {
     for (const p of cfg.hub?.peers ?? []) this.peers.set(p.name, { cfg: p, publish: p.publish.map((x) => compilePattern(x)), subscribe: p.subscribe.map((x) => compilePattern(x)) });
   }
 
+  private cleanupTimer: ReturnType<typeof setInterval> | null = null;
+
+  /**
+   * Removes the federation cursors (`_fed.<peer>`) of peers not connected
+   * for `federation.peer_expiry`, so a board that is gone for good stops
+   * pinning retention. Returns the removed subscribers.
+   */
+  async cleanupPeerCursors(now = Date.now()): Promise<string[]> {
+    const connected = new Set([...this.parts.keys()].map((s) => s.peer.name));
+    const removed: string[] = [];
+    for (const s of this.messenger.subscribers()) {
+      if (!s.name.startsWith("_fed.")) continue;
+      const peer = s.name.slice("_fed.".length);
+      if (connected.has(peer) || now - s.touched <= this.cfg.federation.peerExpiryMs) continue;
+      if (await this.messenger.deleteSubscriber(s.pattern, s.name)) {
+        removed.push(`${s.name} on ${s.pattern}`);
+        this.logger.warn("removed the federation cursor of a peer gone too long", { peer, pattern: s.pattern, last_seen: new Date(s.touched).toISOString() });
+      }
+    }
+    return removed;
+  }
+
   /** Starts the hub listener and every link. */
   start(): void {
+    this.cleanupTimer = setInterval(() => void this.cleanupPeerCursors().catch(() => {}), Math.min(3_600_000, this.cfg.federation.peerExpiryMs));
+    this.cleanupTimer.unref?.();
     if (this.cfg.hub) {
       const { hostname, port } = splitHostPort(this.cfg.hub.listen);
       this.server = MtlsServer.listen<PeerSession>(
@@ -284,6 +308,7 @@ export class Federation {
   /** Stops links and the listener, closing every session. */
   async stop(): Promise<void> {
     this.stopped = true;
+    if (this.cleanupTimer) clearInterval(this.cleanupTimer);
     for (const l of this.links) l.stop();
     for (const s of [...this.parts.keys()]) s.close("shutdown", "agent stopping");
     this.server?.stop(true);

@@ -55,7 +55,10 @@ export class Forwarder {
     this.opts = opts;
     const name = cursorName(opts.session.peer.name);
     this.subs = opts.patterns.map((p) => opts.messenger.openSubscriber(p, name, { from: opts.start }));
-    for (const s of this.subs) this.sent.set(s, s.positions());
+    for (const s of this.subs) {
+      s.touch(); // the peer is here: its cursors are not stale
+      this.sent.set(s, s.positions());
+    }
   }
 
   /** Runs until `stop()` or the session closes. */

@@ -53,6 +53,11 @@ export class DurableSubscriber {
     this.name = state.name;
   }
 
+  /** Marks the subscriber alive at `now` (its consumer connected). */
+  touch(now = Date.now()): void {
+    this.host.cursors.touch(this.state, now);
+  }
+
   /** The acked position (next seq to deliver) on `channel`. */
   cursor(log: ChannelLog): number {
     const c = this.state.cursors[log.name];

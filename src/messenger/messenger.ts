@@ -380,6 +380,11 @@ export class Messenger {
     throw new UnknownSubscriberError(`no subscriber "${name}" on ${channel}`);
   }
 
+  /** Every durable subscriber: pattern, name and when it last acked or was touched (epoch ms). */
+  subscribers(): { pattern: string; name: string; touched: number }[] {
+    return this.cursorStore.list().map((s) => ({ pattern: s.pattern, name: s.name, touched: s.touched }));
+  }
+
   /** The log of an existing channel (undefined if it does not exist). */
   channelLog(channel: string): ChannelLog | undefined {
     return this.store.get(channel);

@@ -115,6 +115,12 @@ export class CursorStore {
     this.dirty.add(cursorKey(state.pattern, state.name));
   }
 
+  /** Marks a subscriber as alive now (a federation peer connected), without moving it. */
+  touch(state: CursorState, now = Date.now()): void {
+    state.touched = now;
+    this.dirty.add(cursorKey(state.pattern, state.name));
+  }
+
   /** Counts messages retention removed before the subscriber read them. */
   addSkipped(state: CursorState, channel: string, n: number): void {
     state.skipped[channel] = (state.skipped[channel] ?? 0) + n;

@@ -37,7 +37,7 @@ describe("config", () => {
     expect(c.storage).toEqual({ dataDir: "./keyop-data", sync: "always", syncIntervalMs: 200, segmentBytes: 64 * 2 ** 20, retention: { maxAgeMs: undefined, maxBytes: undefined } });
     expect(c.api).toEqual({ socket: "./keyop-data/keyop.sock", socketMode: 0o660, maxMessageBytes: 2 ** 20 });
     expect(c.subscribers).toEqual({ maxRetries: 5, retryBackoffBaseMs: 100, retryBackoffMaxMs: 5000 });
-    expect(c.federation).toEqual({ reconnectBaseMs: 500, reconnectMaxMs: 60_000, reconnectJitter: 0.2, heartbeatMs: 10_000, maxBatchBytes: 2 ** 20, window: 8 });
+    expect(c.federation).toEqual({ reconnectBaseMs: 500, reconnectMaxMs: 60_000, reconnectJitter: 0.2, heartbeatMs: 10_000, maxBatchBytes: 2 ** 20, window: 8, peerExpiryMs: 7 * 86_400_000 });
     expect(c.dedup.capacity).toBe(100_000);
     expect(c.log).toEqual({ level: "info", format: "json" });
     expect(c.links).toEqual([]);
