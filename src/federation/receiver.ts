@@ -44,13 +44,26 @@ export class Receiver {
     this.opts = opts;
   }
 
-  /** Queues `batch`; its ACK goes out after its records are durable. */
+  /** Ids being stored by batches whose commit has not finished (duplicates across batches in flight). */
+  private readonly pending = new Set<string>();
+
+  /**
+   * Checks `batch` and starts storing it at once, so that batches arriving
+   * while an fdatasync runs share the next one (group commit); the channel
+   * log keeps their order. Only the ACKs are chained: each goes out after
+   * its own records and every earlier batch's are durable.
+   */
   handle(session: PeerSession, batch: Batch): void {
-    this.chain = this.chain.then(() => this.store(session, batch));
+    const stored = this.store(session, batch);
+    this.chain = this.chain.then(async () => {
+      const ok = await stored;
+      if (ok && session.state === "open") session.send(ackFrame({ batch: batch.batch, channel: batch.channel, upto: batch.seqs[batch.seqs.length - 1]! }));
+    });
   }
 
-  private async store(session: PeerSession, batch: Batch): Promise<void> {
-    if (session.state !== "open") return;
+  /** Validates, filters and appends; resolves true once durable (false: the session was closed). */
+  private async store(session: PeerSession, batch: Batch): Promise<boolean> {
+    if (session.state !== "open") return false;
     const { self, dedup, audit } = this.opts;
     const peer = session.peer.name;
     const keep: Message[] = [];
@@ -60,11 +73,13 @@ export class Receiver {
         msg = decodeEnvelope(batch.records[i]!, batch.seqs[i]!);
       } catch {
         audit?.record("malformed_frame", { peer, channel: batch.channel, reason: "record is not an envelope" });
-        return session.close("malformed_frame", `record ${batch.seqs[i]} of batch ${batch.batch} is not an envelope`);
+        session.close("malformed_frame", `record ${batch.seqs[i]} of batch ${batch.batch} is not an envelope`);
+        return false;
       }
       if (msg.channel !== batch.channel) {
         audit?.record("malformed_frame", { peer, channel: batch.channel, reason: `record of channel ${msg.channel} in a batch of ${batch.channel}` });
-        return session.close("malformed_frame", "record channel does not match its batch");
+        session.close("malformed_frame", "record channel does not match its batch");
+        return false;
       }
       if (this.opts.allow && !this.opts.allow(msg.channel)) {
         this.stats.violations++;
@@ -76,28 +91,31 @@ export class Receiver {
         audit?.record("loop_dropped", { peer, channel: msg.channel, id: msg.id, route: msg.route });
         continue;
       }
-      if (dedup.has(msg.id) || keep.some((k) => k.id === msg.id)) {
+      if (dedup.has(msg.id) || this.pending.has(msg.id) || keep.some((k) => k.id === msg.id)) {
         this.stats.duplicates++;
         audit?.record("duplicate_dropped", { peer, channel: msg.channel, id: msg.id });
         continue;
       }
       keep.push(msg);
     }
-    if (keep.length > 0) {
-      const bodies = keep.map((m) =>
-        encodeEnvelope({ id: m.id, ts: m.ts, channel: m.channel, origin: m.origin, type: m.type, correlationId: m.correlationId, serviceName: m.serviceName, route: [...m.route, self], payload: m.payload }),
-      );
-      try {
-        await this.opts.messenger.ingest(batch.channel, bodies);
-      } catch (err) {
-        // Not stored, so not acknowledged: the sender will send it again on the next session.
-        this.opts.logger.error("could not store a forwarded batch", { peer, channel: batch.channel, error: String(err) });
-        return session.close("store_failed", err instanceof Error ? err.message : String(err));
-      }
+    if (keep.length === 0) return true;
+    const bodies = keep.map((m) =>
+      encodeEnvelope({ id: m.id, ts: m.ts, channel: m.channel, origin: m.origin, type: m.type, correlationId: m.correlationId, serviceName: m.serviceName, route: [...m.route, self], payload: m.payload }),
+    );
+    for (const m of keep) this.pending.add(m.id);
+    try {
+      await this.opts.messenger.ingest(batch.channel, bodies);
       for (const m of keep) dedup.seen(m.id);
       this.stats.stored += keep.length;
+      return true;
+    } catch (err) {
+      // Not stored, so not acknowledged: the sender sends it again on the next session.
+      this.opts.logger.error("could not store a forwarded batch", { peer, channel: batch.channel, error: String(err) });
+      session.close("store_failed", err instanceof Error ? err.message : String(err));
+      return false;
+    } finally {
+      for (const m of keep) this.pending.delete(m.id);
     }
-    if (session.state === "open") session.send(ackFrame({ batch: batch.batch, channel: batch.channel, upto: batch.seqs[batch.seqs.length - 1]! }));
   }
 }
 

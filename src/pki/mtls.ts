@@ -60,6 +60,8 @@ function socketHandlers<T>(expect: "client" | "server", material: () => TlsMater
   return {
     open(s: MtlsSocket<T>) {
       s.data = { verified: false, early: [], earlyBytes: 0 };
+      // Frames are small and latency matters (acks, heartbeats): no Nagle delay.
+      s.setNoDelay(true);
       s.data.timer = setTimeout(() => !s.data.verified && reject(s, "handshake timed out"), HANDSHAKE_TIMEOUT_MS);
     },
     handshake(s: MtlsSocket<T>, ok: boolean, err: Error | null) {
