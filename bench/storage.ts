@@ -142,7 +142,7 @@ function probe(dir: string, consume: boolean): Record<string, number> {
 }
 
 /** Runs every storage scenario and returns its rows. */
-export async function benchStorage(opts: { quick?: boolean; only?: string } = {}): Promise<Row[]> {
+export async function benchStorage(opts: { quick?: boolean } = {}): Promise<Row[]> {
   const secs = opts.quick ? 1 : 3;
   const rows: Row[] = [];
   // The disk of a shared VM drifts: bracket the durable figures with two floor runs and use their mean.

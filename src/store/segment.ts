@@ -84,11 +84,6 @@ export class Segment {
     }
   }
 
-  /** Number of sparse index entries (exposed for tests and stats). */
-  get indexEntries(): number {
-    return this.idxSeq.length;
-  }
-
   /**
    * Scans the whole file, checking every record, and rebuilds the index.
    * Used for the active segment at open (to find a torn tail) and for sealed
