@@ -98,7 +98,9 @@ export class Forwarder {
       const covers = mine[mine.length - 1]!.msg.seq;
       after.set(channel, covers + 1);
       const peer = session.peer.name;
-      const toSend = mine.filter((r) => !r.msg.route.includes(peer) && (this.opts.allow?.(channel) ?? true));
+      // One batch is one channel: the peer's rules are checked once, not per record.
+      const allowed = this.opts.allow?.(channel) ?? true;
+      const toSend = allowed ? mine.filter((r) => !r.msg.route.includes(peer)) : [];
       this.loopSkipped += mine.filter((r) => r.msg.route.includes(peer)).length;
       if (toSend.length === 0) {
         // Nothing the peer may or should get: account for it without a round trip.

@@ -90,11 +90,14 @@ function decodeBody(type: number, bytes: Uint8Array): Frame {
 /**
  * Incremental decoder for one connection: feed it bytes as they arrive, get
  * whole frames back. Holds at most one unfinished frame, whose declared
- * size has already been checked against `maxBody`.
+ * size has already been checked against `maxBody`. Incoming chunks are kept
+ * in a list and each frame is assembled once, so a large frame arriving in
+ * many small chunks costs one copy, not one per chunk.
  */
 export class FrameDecoder {
   private readonly maxBody: number;
-  private buf: Uint8Array = new Uint8Array(0);
+  private chunks: Uint8Array[] = [];
+  private size = 0;
   private failed = false;
 
   constructor(maxBody: number) {
@@ -103,49 +106,84 @@ export class FrameDecoder {
 
   /** Bytes held for an unfinished frame. */
   get buffered(): number {
-    return this.buf.length;
+    return this.size;
   }
 
   /** Frames completed by `chunk`; throws `FrameError` (and stays failed) on bad input. */
   push(chunk: Uint8Array): Frame[] {
     if (this.failed) throw new FrameError("decoder already failed");
     try {
-      return this.take(chunk);
+      this.chunks.push(chunk);
+      this.size += chunk.length;
+      const frames = this.frames();
+      // The caller may reuse `chunk` after we return: keep a copy of whatever part of it we still hold.
+      const last = this.chunks.length - 1;
+      if (last >= 0 && this.chunks[last]!.buffer === chunk.buffer) this.chunks[last] = this.chunks[last]!.slice();
+      return frames;
     } catch (err) {
       this.failed = true;
-      this.buf = new Uint8Array(0);
+      this.chunks = [];
+      this.size = 0;
       if (err instanceof FrameError) throw err;
       throw new FrameError(err instanceof Error ? err.message : String(err));
     }
   }
 
-  private take(chunk: Uint8Array): Frame[] {
-    let data: Uint8Array;
-    if (this.buf.length === 0) data = chunk;
-    else {
-      data = new Uint8Array(this.buf.length + chunk.length);
-      data.set(this.buf);
-      data.set(chunk, this.buf.length);
-    }
+  private frames(): Frame[] {
     const frames: Frame[] = [];
-    let off = 0;
-    while (data.length - off >= HEADER_BYTES) {
-      const view = new DataView(data.buffer, data.byteOffset + off, HEADER_BYTES);
+    while (this.size >= HEADER_BYTES) {
+      const head = this.peek(HEADER_BYTES);
+      const view = new DataView(head.buffer, head.byteOffset, HEADER_BYTES);
       if (view.getUint16(0) !== MAGIC) throw new FrameError(`bad magic 0x${view.getUint16(0).toString(16).padStart(4, "0")}`);
-      const version = data[off + 2]!;
+      const version = head[2]!;
       if (version !== PROTOCOL_VERSION) throw new FrameError(`unsupported protocol version ${version}`);
-      const type = data[off + 3]!;
+      const type = head[3]!;
       if (!(type in TYPE_NAMES)) throw new FrameError(`unknown frame type ${type}`);
       const len = view.getUint32(4);
-      // The limit is checked on the header alone, before any of the body is kept.
+      // The limit is checked on the header alone, before more of the body is kept.
       if (len > this.maxBody) throw new FrameError(`${frameTypeName(type)} of ${len} bytes exceeds the limit of ${this.maxBody}`);
       if (len === 0) throw new FrameError(`${frameTypeName(type)} has an empty body`);
-      if (data.length - off - HEADER_BYTES < len) break;
-      const start = off + HEADER_BYTES;
-      frames.push(decodeBody(type, data.subarray(start, start + len)));
-      off = start + len;
+      if (this.size < HEADER_BYTES + len) break;
+      const bytes = this.take(HEADER_BYTES + len);
+      frames.push(decodeBody(type, bytes.subarray(HEADER_BYTES)));
     }
-    this.buf = off === data.length ? new Uint8Array(0) : data.slice(off);
     return frames;
+  }
+
+  /** The first `n` held bytes, without consuming them. */
+  private peek(n: number): Uint8Array {
+    const first = this.chunks[0]!;
+    if (first.length >= n) return first.subarray(0, n);
+    const out = new Uint8Array(n);
+    let off = 0;
+    for (const c of this.chunks) {
+      const k = Math.min(c.length, n - off);
+      out.set(c.subarray(0, k), off);
+      off += k;
+      if (off === n) break;
+    }
+    return out;
+  }
+
+  /** Consumes the first `n` held bytes: a view when they sit in one chunk, else one copy. */
+  private take(n: number): Uint8Array {
+    this.size -= n;
+    const first = this.chunks[0]!;
+    if (first.length >= n) {
+      if (first.length === n) this.chunks.shift();
+      else this.chunks[0] = first.subarray(n);
+      return first.subarray(0, n);
+    }
+    const out = new Uint8Array(n);
+    let off = 0;
+    while (off < n) {
+      const c = this.chunks[0]!;
+      const k = Math.min(c.length, n - off);
+      out.set(c.subarray(0, k), off);
+      off += k;
+      if (k === c.length) this.chunks.shift();
+      else this.chunks[0] = c.subarray(k);
+    }
+    return out;
   }
 }

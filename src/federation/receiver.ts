@@ -67,6 +67,9 @@ export class Receiver {
     const { self, dedup, audit } = this.opts;
     const peer = session.peer.name;
     const keep: Message[] = [];
+    const keepIds = new Set<string>();
+    // Every record must be of the batch's channel (checked below), so the rules are checked once.
+    const allowed = !this.opts.allow || this.opts.allow(batch.channel);
     for (let i = 0; i < batch.records.length; i++) {
       let msg: Message;
       try {
@@ -81,7 +84,7 @@ export class Receiver {
         session.close("malformed_frame", "record channel does not match its batch");
         return false;
       }
-      if (this.opts.allow && !this.opts.allow(msg.channel)) {
+      if (!allowed) {
         this.stats.violations++;
         audit?.record("policy_violation", { peer, channel: msg.channel, id: msg.id, reason: "outside the peer's publish rules" });
         continue;
@@ -91,12 +94,13 @@ export class Receiver {
         audit?.record("loop_dropped", { peer, channel: msg.channel, id: msg.id, route: msg.route });
         continue;
       }
-      if (dedup.has(msg.id) || this.pending.has(msg.id) || keep.some((k) => k.id === msg.id)) {
+      if (dedup.has(msg.id) || this.pending.has(msg.id) || keepIds.has(msg.id)) {
         this.stats.duplicates++;
         audit?.record("duplicate_dropped", { peer, channel: msg.channel, id: msg.id });
         continue;
       }
       keep.push(msg);
+      keepIds.add(msg.id);
     }
     if (keep.length === 0) return true;
     const bodies = keep.map((m) =>
