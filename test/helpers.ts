@@ -8,7 +8,15 @@ import { join } from "node:path";
 import { afterAll } from "bun:test";
 
 const made: string[] = [];
+const children = new Set<ReturnType<typeof Bun.spawn>>();
+// Bun shares this module between test files, so the afterAll below may cover only the first one:
+// at the very least nothing outlives the test run.
+process.on("exit", () => {
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
+});
 afterAll(() => {
+  // A test that failed half way never stopped its children: nothing outlives the test file.
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL");
   if (process.env.KEEP_TMP) return;
   for (const d of made) rmSync(d, { recursive: true, force: true });
 });
@@ -43,6 +51,8 @@ export interface LineChild {
 /** Spawns `cmd` and collects stdout lines into `lines`. */
 export function spawnLines(cmd: string[], env: Record<string, string> = {}): LineChild {
   const proc = Bun.spawn(cmd, { stdout: "pipe", stderr: "pipe", env: { ...process.env, ...env } });
+  children.add(proc);
+  void proc.exited.then(() => children.delete(proc));
   const lines: string[] = [];
   let err = "";
   const decoder = new TextDecoder();
