@@ -85,32 +85,48 @@ export class Forwarder {
     }
   }
 
-  /** Sends one batch from the first subscriber that has records; false if none had. */
+  /**
+   * Sends what the first subscriber with records has: one batch per channel
+   * fetched, while the window allows. False if no subscriber had records.
+   */
   private async sendOne(): Promise<boolean> {
-    const { session, maxBatchBytes } = this.opts;
+    const { session, maxBatchBytes, window } = this.opts;
+    const peer = session.peer.name;
     for (const sub of this.subs) {
       const after = this.sent.get(sub)!;
       const recs = await sub.fetchRaw({ max: 10_000, maxBytes: maxBatchBytes - 1024, after: new Map(after) });
       if (recs.length === 0) continue;
-      // One batch = consecutive records of the first channel fetched.
-      const channel = recs[0]!.msg.channel;
-      const mine = recs.filter((r) => r.msg.channel === channel);
-      const covers = mine[mine.length - 1]!.msg.seq;
-      after.set(channel, covers + 1);
-      const peer = session.peer.name;
-      // One batch is one channel: the peer's rules are checked once, not per record.
-      const allowed = this.opts.allow?.(channel) ?? true;
-      const toSend = allowed ? mine.filter((r) => !r.msg.route.includes(peer)) : [];
-      this.loopSkipped += mine.filter((r) => r.msg.route.includes(peer)).length;
-      if (toSend.length === 0) {
-        // Nothing the peer may or should get: account for it without a round trip.
-        const log = this.opts.messenger.channelLog(channel);
-        if (log) sub.ack(log, covers);
-        return true;
+      const byChannel = new Map<string, typeof recs>();
+      for (const r of recs) {
+        const list = byChannel.get(r.msg.channel);
+        if (list) list.push(r);
+        else byChannel.set(r.msg.channel, [r]);
       }
-      const batch = this.nextBatch++;
-      this.inflight.set(batch, { sub, channel, covers });
-      session.send(batchFrame({ batch, channel, seqs: toSend.map((r) => r.msg.seq), records: toSend.map((r) => r.body) }));
+      for (const [channel, mine] of byChannel) {
+        // Channels not sent now are fetched again next round: their position does not move.
+        if (this.inflight.size >= window) break;
+        const covers = mine[mine.length - 1]!.msg.seq;
+        after.set(channel, covers + 1);
+        const looped = mine.filter((r) => r.msg.route.includes(peer));
+        this.loopSkipped += looped.length;
+        // One batch is one channel: the peer's rules are checked once, not per record.
+        const allowed = this.opts.allow?.(channel) ?? true;
+        const toSend = allowed ? mine.filter((r) => !r.msg.route.includes(peer)) : [];
+        if (toSend.length === 0) {
+          // Nothing the peer may or should get. If a batch of this channel is still unacknowledged,
+          // it now also covers these (acks come in order); acking here would skip past it.
+          const pending = [...this.inflight.values()].reverse().find((f) => f.sub === sub && f.channel === channel);
+          if (pending) pending.covers = covers;
+          else {
+            const log = this.opts.messenger.channelLog(channel);
+            if (log) sub.ack(log, covers);
+          }
+          continue;
+        }
+        const batch = this.nextBatch++;
+        this.inflight.set(batch, { sub, channel, covers });
+        session.send(batchFrame({ batch, channel, seqs: toSend.map((r) => r.msg.seq), records: toSend.map((r) => r.body) }));
+      }
       return true;
     }
     return false;

@@ -17,7 +17,6 @@ import {
 } from "../envelope/names.ts";
 import { ClosedError, InvalidArgumentError, KeyopError, ReservedChannelError, TooLargeError } from "../errors.ts";
 import { Histogram, type LatencySummary } from "../observability/histogram.ts";
-import type { Logger } from "../observability/logger.ts";
 import type { ChannelLog } from "../store/channel-log.ts";
 import { CursorStore, cursorKey, type StartFrom } from "../store/cursor-store.ts";
 import { LogStore } from "../store/log-store.ts";

@@ -157,3 +157,26 @@ describe("store and forward between two messengers over mutual TLS", () => {
     l.session.close("bye", "test");
   });
 });
+
+describe("forwarder cursor", () => {
+  test("records skipped while an earlier batch is unacknowledged do not move the cursor past that batch", async () => {
+    const dir2 = tmpDir();
+    const m = await Messenger.open({ name: "devX", storage: { dataDir: dir2 } });
+    const sent: Uint8Array[] = [];
+    // A session that records frames and never acks: the batch stays in flight.
+    const session = { peer: { name: "hub", fingerprint: "", notAfter: new Date() }, state: "open", send: (b: Uint8Array) => (sent.push(b), true), writable: async () => {} } as unknown as PeerSession;
+    const fwd = new Forwarder({ messenger: m, session, patterns: ["t.c"], start: "earliest", window: 8, maxBatchBytes: 64 * 1024, logger: silentLogger });
+    await m.publish("t.c", "n", 1);
+    void fwd.run();
+    await waitFor(() => sent.length === 1, "first batch sent");
+    // Now only records that already went through the hub: nothing to send for them.
+    await m.ingest("t.c", [encodeEnvelope({ id: "x1", ts: Date.now(), channel: "t.c", origin: "o", type: "n", route: ["o", "hub"], payload: 2 })]);
+    await waitFor(() => fwd.loopSkipped === 1, "looped record skipped");
+    const cursor = () => m.openSubscriber("t.c", cursorName("hub"), { create: false }).positions().get("t.c");
+    expect(cursor()).toBe(1); // still before the unacknowledged batch
+    fwd.onAck({ batch: 1, channel: "t.c", upto: 1 });
+    expect(cursor()).toBe(3); // the ack of batch 1 covers the skipped record too
+    fwd.stop();
+    await m.close();
+  });
+});

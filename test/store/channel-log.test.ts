@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { copyFileSync, mkdirSync, readdirSync, readFileSync, statSync, truncateSync, writeFileSync, appendFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, statSync, truncateSync, writeFileSync, appendFileSync } from "node:fs";
 import { join } from "node:path";
 import { ChannelLog, type ChannelLogOptions } from "../../src/store/channel-log.ts";
 import { RECORD_HEADER_BYTES } from "../../src/store/record.ts";
