@@ -143,7 +143,8 @@ export async function benchFederation(opts: { quick?: boolean } = {}): Promise<R
         sent++;
         if (inflight.length >= conns.length) await Promise.all(inflight.splice(0));
       }
-      await Bun.sleep(0.5);
+      // Sleep until the next message is due (a sub-millisecond sleep spins and took a core from the agents).
+      await Bun.sleep(Math.max(1, t0 + sent - performance.now()));
     }
     await Promise.all(inflight);
     await until("all latency messages at B", async () => lat.length >= total, 30_000);

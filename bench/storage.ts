@@ -104,7 +104,8 @@ async function handlerLatency(rate: number, seconds: number): Promise<{ p50: num
       void m.publish("bench.lat", "t", { i, p: PAYLOAD });
       i++;
     }
-    await Bun.sleep(0.5);
+    // Sleep until the next message is due (a sub-millisecond sleep spins).
+    await Bun.sleep(Math.max(1, t0 + (i * 1000) / rate - performance.now()));
   }
   const deadline = performance.now() + 10_000;
   while (samples.length < total && performance.now() < deadline) await Bun.sleep(5);

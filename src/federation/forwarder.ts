@@ -47,7 +47,8 @@ export class Forwarder {
   private nextBatch = 1;
   private stopped = false;
   private wake: (() => void) | null = null;
-  private readonly abort = new AbortController();
+  /** Something was committed or created since the last fetch began. */
+  private dirty = true;
   /** Records not sent because the peer was already in their route. */
   loopSkipped = 0;
 
@@ -64,26 +65,31 @@ export class Forwarder {
   /** Runs until `stop()` or the session closes. */
   async run(): Promise<void> {
     const { session, window } = this.opts;
-    while (!this.stopped && session.state === "open") {
-      if (this.inflight.size >= window) {
-        await new Promise<void>((r) => (this.wake = r));
-        continue;
+    // New records and channels only set a flag and wake the loop; set before a fetch starts,
+    // the flag cannot miss a commit that lands while the fetch runs.
+    const unwatch = this.subs.map((s) => s.watch(this.poke));
+    try {
+      while (!this.stopped && session.state === "open") {
+        if (this.inflight.size >= window) {
+          await new Promise<void>((r) => (this.wake = r));
+          continue;
+        }
+        this.dirty = false;
+        const sentSomething = await this.sendOne();
+        if (!sentSomething && !this.dirty && !this.stopped) await new Promise<void>((r) => (this.wake = r));
+        await session.writable();
       }
-      const sentSomething = await this.sendOne();
-      if (!sentSomething) {
-        // Nothing new on any cursor: sleep until a record, a new channel, or an ack;
-        // then cancel the other waits so none of them lingers.
-        const round = new AbortController();
-        const signal = AbortSignal.any([this.abort.signal, round.signal]);
-        await Promise.race([
-          ...this.subs.map((s) => s.wait(60_000, { after: this.sent.get(s)!, signal })),
-          new Promise<void>((r) => (this.wake = r)),
-        ]);
-        round.abort();
-      }
-      await session.writable();
+    } finally {
+      for (const off of unwatch) off();
     }
   }
+
+  private readonly poke = (): void => {
+    this.dirty = true;
+    const w = this.wake;
+    this.wake = null;
+    w?.();
+  };
 
   /**
    * Sends what the first subscriber with records has: one batch per channel
@@ -142,7 +148,9 @@ export class Forwarder {
     this.inflight.delete(ack.batch);
     const log = this.opts.messenger.channelLog(f.channel);
     if (log) f.sub.ack(log, f.covers);
-    this.wake?.();
+    const w = this.wake;
+    this.wake = null;
+    w?.();
   }
 
   /** Per channel: messages stored here that the peer has not acknowledged yet. */
@@ -166,8 +174,7 @@ export class Forwarder {
   /** Stops sending; unacknowledged batches are sent again by the next session. */
   stop(): void {
     this.stopped = true;
-    this.abort.abort();
-    this.wake?.();
+    this.poke();
   }
 }
 

@@ -54,12 +54,40 @@ export class Receiver {
    * its own records and every earlier batch's are durable.
    */
   handle(session: PeerSession, batch: Batch): void {
+    this.queue.push({ session, batch });
+    if (!this.scheduled) {
+      this.scheduled = true;
+      setImmediate(this.pump);
+    }
+  }
+
+  /** Batches received and not yet checked. */
+  private readonly queue: { session: PeerSession; batch: Batch }[] = [];
+  private scheduled = false;
+
+  /**
+   * Checks one batch per turn of the event loop. Checking a 1 MiB batch takes
+   * tens of milliseconds of CPU; done inside the socket's data callback, a
+   * window of batches arriving back to back kept Bun from running the
+   * file-system completions (the appends and fdatasyncs) until the socket
+   * went quiet, so nothing was stored or acknowledged until the whole window
+   * had arrived and forwarding ran one window at a time.
+   */
+  private readonly pump = (): void => {
+    this.scheduled = false;
+    const next = this.queue.shift();
+    if (!next) return;
+    const { session, batch } = next;
     const stored = this.store(session, batch);
     this.chain = this.chain.then(async () => {
       const ok = await stored;
       if (ok && session.state === "open") session.send(ackFrame({ batch: batch.batch, channel: batch.channel, upto: batch.seqs[batch.seqs.length - 1]! }));
     });
-  }
+    if (this.queue.length > 0) {
+      this.scheduled = true;
+      setImmediate(this.pump);
+    }
+  };
 
   /** Validates, filters and appends; resolves true once durable (false: the session was closed). */
   private async store(session: PeerSession, batch: Batch): Promise<boolean> {

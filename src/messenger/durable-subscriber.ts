@@ -187,6 +187,29 @@ export class DurableSubscriber {
   }
 
   /**
+   * Calls `onChange` after every commit to a matching channel and when a
+   * matching channel is created, until the returned function is called. For
+   * a long-lived reader (a federation forwarder) that would otherwise set up
+   * and tear down a `wait` with its timer and listeners for every record.
+   */
+  watch(onChange: () => void): () => void {
+    const offs = new Map<string, () => void>();
+    const attach = () => {
+      for (const log of this.host.matchingLogs(this.pattern)) if (!offs.has(log.name)) offs.set(log.name, log.onCommit(() => onChange()));
+    };
+    attach();
+    const offNew = this.host.onMatchingChannel(this.pattern, () => {
+      attach();
+      onChange();
+    });
+    return () => {
+      offNew();
+      for (const off of offs.values()) off();
+      offs.clear();
+    };
+  }
+
+  /**
    * Resolves true as soon as a matching channel has a record at or past
    * `after` (default: the acked cursors) or a matching channel is created;
    * false after `timeoutMs` or on `signal`.
