@@ -104,20 +104,20 @@ export class Forwarder {
       if (recs.length === 0) continue;
       const byChannel = new Map<string, typeof recs>();
       for (const r of recs) {
-        const list = byChannel.get(r.msg.channel);
+        const list = byChannel.get(r.channel);
         if (list) list.push(r);
-        else byChannel.set(r.msg.channel, [r]);
+        else byChannel.set(r.channel, [r]);
       }
       for (const [channel, mine] of byChannel) {
         // Channels not sent now are fetched again next round: their position does not move.
         if (this.inflight.size >= window) break;
-        const covers = mine[mine.length - 1]!.msg.seq;
+        const covers = mine[mine.length - 1]!.seq;
         after.set(channel, covers + 1);
-        const looped = mine.filter((r) => r.msg.route.includes(peer));
+        const looped = mine.filter((r) => r.route.includes(peer));
         this.loopSkipped += looped.length;
         // One batch is one channel: the peer's rules are checked once, not per record.
         const allowed = this.opts.allow?.(channel) ?? true;
-        const toSend = allowed ? mine.filter((r) => !r.msg.route.includes(peer)) : [];
+        const toSend = allowed ? mine.filter((r) => !r.route.includes(peer)) : [];
         if (toSend.length === 0) {
           // Nothing the peer may or should get. If a batch of this channel is still unacknowledged,
           // it now also covers these (acks come in order); acking here would skip past it.
@@ -131,7 +131,7 @@ export class Forwarder {
         }
         const batch = this.nextBatch++;
         this.inflight.set(batch, { sub, channel, covers });
-        session.send(batchFrame({ batch, channel, seqs: toSend.map((r) => r.msg.seq), records: toSend.map((r) => r.body) }));
+        session.send(batchFrame({ batch, channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body) }));
       }
       return true;
     }

@@ -1,12 +1,12 @@
 /**
- * Store and forward, receiving side: checks every record of a BATCH (an
- * envelope of the batch's channel; allowed by the peer's publish rules; not
+ * Store and forward, receiving side: checks every record of a BATCH (a
+ * well-formed envelope of the batch's channel; allowed by the peer's publish rules; not
  * already through this instance; not a recent duplicate), appends this
  * instance to its route, stores the survivors in one group commit, and only
  * then ACKs. Records dropped on purpose are audited and still acknowledged,
  * so a bad sender cannot stall a link.
  */
-import { decodeEnvelope, encodeEnvelope, type Message } from "../envelope/envelope.ts";
+import { scanEnvelope, withRoute, type EnvelopeView } from "../envelope/scan.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { AuditLog } from "./audit.ts";
@@ -94,17 +94,19 @@ export class Receiver {
     if (session.state !== "open") return false;
     const { self, dedup, audit } = this.opts;
     const peer = session.peer.name;
-    const keep: Message[] = [];
+    const keep: { view: EnvelopeView; body: Uint8Array }[] = [];
     const keepIds = new Set<string>();
     // Every record must be of the batch's channel (checked below), so the rules are checked once.
     const allowed = !this.opts.allow || this.opts.allow(batch.channel);
     for (let i = 0; i < batch.records.length; i++) {
-      let msg: Message;
+      let msg: EnvelopeView;
       try {
-        msg = decodeEnvelope(batch.records[i]!, batch.seqs[i]!);
-      } catch {
-        audit?.record("malformed_frame", { peer, channel: batch.channel, reason: "record is not an envelope" });
-        session.close("malformed_frame", `record ${batch.seqs[i]} of batch ${batch.batch} is not an envelope`);
+        // Structure and the routing fields only: the payload's bytes are stored as they came.
+        msg = scanEnvelope(batch.records[i]!);
+      } catch (err) {
+        const why = err instanceof Error ? err.message : String(err);
+        audit?.record("malformed_frame", { peer, channel: batch.channel, reason: `record is not an envelope: ${why}` });
+        session.close("malformed_frame", `record ${batch.seqs[i]} of batch ${batch.batch} is not an envelope: ${why}`);
         return false;
       }
       if (msg.channel !== batch.channel) {
@@ -127,17 +129,15 @@ export class Receiver {
         audit?.record("duplicate_dropped", { peer, channel: msg.channel, id: msg.id });
         continue;
       }
-      keep.push(msg);
+      keep.push({ view: msg, body: batch.records[i]! });
       keepIds.add(msg.id);
     }
     if (keep.length === 0) return true;
-    const bodies = keep.map((m) =>
-      encodeEnvelope({ id: m.id, ts: m.ts, channel: m.channel, origin: m.origin, type: m.type, correlationId: m.correlationId, serviceName: m.serviceName, route: [...m.route, self], payload: m.payload }),
-    );
-    for (const m of keep) this.pending.add(m.id);
+    const bodies = keep.map((k) => withRoute(k.body, k.view, self));
+    for (const k of keep) this.pending.add(k.view.id);
     try {
       await this.opts.messenger.ingest(batch.channel, bodies);
-      for (const m of keep) dedup.seen(m.id);
+      for (const k of keep) dedup.seen(k.view.id);
       this.stats.stored += keep.length;
       return true;
     } catch (err) {
@@ -146,7 +146,7 @@ export class Receiver {
       session.close("store_failed", err instanceof Error ? err.message : String(err));
       return false;
     } finally {
-      for (const m of keep) this.pending.delete(m.id);
+      for (const k of keep) this.pending.delete(k.view.id);
     }
   }
 }

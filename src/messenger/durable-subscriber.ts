@@ -4,6 +4,7 @@
  * acks. Fetching never moves the cursor; only `ack` does (cumulatively), so
  * whatever a consumer did not ack comes again on its next pull or stream.
  */
+import { scanEnvelope } from "../envelope/scan.ts";
 import { decodeEnvelope, type Message } from "../envelope/envelope.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
@@ -32,6 +33,14 @@ export interface FetchOptions {
   maxBytes?: number;
   /** Where to read from per channel; the acked cursors when omitted. */
   after?: Positions;
+}
+
+/** A stored record as a forwarder sends it: its bytes, and the route read from them. */
+export interface RawRecord {
+  seq: number;
+  channel: string;
+  route: string[];
+  body: Uint8Array;
 }
 
 /** A handle on one durable subscriber (pattern + name). */
@@ -99,9 +108,12 @@ export class DurableSubscriber {
    * Like `fetch`, but also hands back each record's stored bytes, for
    * forwarding a record as it is stored (federation).
    */
-  async fetchRaw(opts: FetchOptions): Promise<{ msg: Message; body: Uint8Array }[]> {
-    const out: { msg: Message; body: Uint8Array }[] = [];
-    await this.collect(opts, (msg, body) => out.push({ msg, body }));
+  async fetchRaw(opts: FetchOptions): Promise<RawRecord[]> {
+    const out: RawRecord[] = [];
+    await this.collect(opts, (body, seq, channel) => {
+      // Only the route is read: decoding whole envelopes was most of a forwarder's CPU.
+      out.push({ seq, channel, route: scanEnvelope(body).route, body });
+    });
     return out;
   }
 
@@ -112,11 +124,11 @@ export class DurableSubscriber {
    */
   async fetch(opts: FetchOptions): Promise<Message[]> {
     const out: Message[] = [];
-    await this.collect(opts, (msg) => out.push(msg));
+    await this.collect(opts, (body, seq) => out.push(decodeEnvelope(body, seq)));
     return out;
   }
 
-  private async collect(opts: FetchOptions, push: (msg: Message, body: Uint8Array) => void): Promise<void> {
+  private async collect(opts: FetchOptions, push: (body: Uint8Array, seq: number, channel: string) => void): Promise<void> {
     const logs = this.host.matchingLogs(this.pattern);
     let count = 0;
     if (logs.length === 0 || opts.max <= 0) return;
@@ -133,7 +145,7 @@ export class DurableSubscriber {
       const hw = this.highWater.get(log.name) ?? 0;
       for (const r of recs) {
         try {
-          push(decodeEnvelope(r.body, r.seq), r.body);
+          push(r.body, r.seq, log.name);
           count++;
         } catch (err) {
           this.host.logger.error("record is not an envelope, skipped", { channel: log.name, seq: r.seq, error: String(err) });
