@@ -239,14 +239,15 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
   return { id, channel, route, routeStart, routeEnd, routeItems };
 }
 
-/** A copy of `body` whose route has `name` appended; every other byte is kept. */
-export function withRoute(body: Uint8Array, view: EnvelopeView, name: string): Uint8Array {
+/**
+ * A copy of `body` whose route has one more entry, `entry` (from
+ * `routeEntry`, made once per batch); every other byte is kept.
+ */
+export function withRoute(body: Uint8Array, view: EnvelopeView, entry: Uint8Array): Uint8Array {
   const count = view.route.length + 1;
-  const tail = routeEntry(name);
   const headerLen = count <= 15 ? 1 : count <= 0xffff ? 3 : 5;
-  const out = new Uint8Array(body.length - (view.routeItems - view.routeStart) + headerLen + tail.length);
-  out.set(body.subarray(0, view.routeStart), 0);
-  let at = view.routeStart;
+  const out = new Uint8Array(body.length - (view.routeItems - view.routeStart) + headerLen + entry.length);
+  let at = copy(out, 0, body, 0, view.routeStart);
   if (headerLen === 1) out[at++] = 0x90 | count;
   else if (headerLen === 3) {
     out[at++] = 0xdc;
@@ -259,15 +260,24 @@ export function withRoute(body: Uint8Array, view: EnvelopeView, name: string): U
     out[at++] = (count >> 8) & 0xff;
     out[at++] = count & 0xff;
   }
-  out.set(body.subarray(view.routeItems, view.routeEnd), at);
-  at += view.routeEnd - view.routeItems;
-  out.set(tail, at);
-  out.set(body.subarray(view.routeEnd), at + tail.length);
+  at = copy(out, at, body, view.routeItems, view.routeEnd);
+  at = copy(out, at, entry, 0, entry.length);
+  copy(out, at, body, view.routeEnd, body.length);
   return out;
 }
 
-/** `name` as a msgpack string. */
-function routeEntry(name: string): Uint8Array {
+/** Copies src[from, to) to dst at `at`; returns the end. Short spans by hand: `set` has a high fixed cost. */
+function copy(dst: Uint8Array, at: number, src: Uint8Array, from: number, to: number): number {
+  if (to - from < 32) {
+    for (let i = from; i < to; i++) dst[at++] = src[i]!;
+    return at;
+  }
+  dst.set(src.subarray(from, to), at);
+  return at + (to - from);
+}
+
+/** `name` as the msgpack string `withRoute` appends. */
+export function routeEntry(name: string): Uint8Array {
   const bytes = new TextEncoder().encode(name);
   const len = bytes.length;
   const head = len <= 31 ? [0xa0 | len] : len <= 0xff ? [0xd9, len] : len <= 0xffff ? [0xda, len >> 8, len & 0xff] : null;

@@ -12,6 +12,7 @@
  * against the limit before a byte of the body is buffered, and every
  * malformed input ends in a `FrameError`, never in another exception.
  */
+import { uninitialized } from "../store/record.ts";
 import { Packr } from "msgpackr";
 import { KeyopError } from "../errors.ts";
 
@@ -118,7 +119,8 @@ export class FrameDecoder {
       const frames = this.frames();
       // The caller may reuse `chunk` after we return: keep a copy of whatever part of it we still hold.
       const last = this.chunks.length - 1;
-      if (last >= 0 && this.chunks[last]!.buffer === chunk.buffer) this.chunks[last] = this.chunks[last]!.slice();
+      // (A copy even when `chunk` is a Buffer, whose own slice() would share the bytes.)
+      if (last >= 0 && this.chunks[last]!.buffer === chunk.buffer) this.chunks[last] = new Uint8Array(this.chunks[last]!);
       return frames;
     } catch (err) {
       this.failed = true;
@@ -174,7 +176,7 @@ export class FrameDecoder {
       else this.chunks[0] = first.subarray(n);
       return first.subarray(0, n);
     }
-    const out = new Uint8Array(n);
+    const out = uninitialized(n); // filled completely below
     let off = 0;
     while (off < n) {
       const c = this.chunks[0]!;

@@ -6,7 +6,7 @@
  * then ACKs. Records dropped on purpose are audited and still acknowledged,
  * so a bad sender cannot stall a link.
  */
-import { scanEnvelope, withRoute, type EnvelopeView } from "../envelope/scan.ts";
+import { routeEntry, scanEnvelope, withRoute, type EnvelopeView } from "../envelope/scan.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { AuditLog } from "./audit.ts";
@@ -133,7 +133,8 @@ export class Receiver {
       keepIds.add(msg.id);
     }
     if (keep.length === 0) return true;
-    const bodies = keep.map((k) => withRoute(k.body, k.view, self));
+    const entry = routeEntry(self);
+    const bodies = keep.map((k) => withRoute(k.body, k.view, entry));
     for (const k of keep) this.pending.add(k.view.id);
     try {
       await this.opts.messenger.ingest(batch.channel, bodies);

@@ -225,9 +225,29 @@ export class ChannelLog {
     });
   }
 
-  /** Appends several bodies in one group commit; resolves with their seqs. */
+  /**
+   * Appends several bodies in one group commit; resolves with their
+   * (consecutive) seqs once all are durable, rejects if any is not. One
+   * promise for the lot: a promise per record was a visible share of a
+   * hub's CPU when it stored forwarded batches of thousands.
+   */
   appendMany(bodies: readonly Uint8Array[]): Promise<number[]> {
-    return Promise.all(bodies.map((b) => this.append(b)));
+    if (this.closed) return Promise.reject(new ClosedError(`channel ${this.name} is closed`));
+    const n = bodies.length;
+    if (n === 0) return Promise.resolve([]);
+    for (const body of bodies) {
+      if (body.length === 0 || body.length > MAX_RECORD_BODY) {
+        return Promise.reject(new TooLargeError(`record of ${body.length} bytes is outside 1..${MAX_RECORD_BODY}`));
+      }
+    }
+    return new Promise<number[]>((resolve, reject) => {
+      const at = performance.now();
+      // Queued together, so their seqs are consecutive: the last one's seq gives them all.
+      const none = () => {};
+      for (let i = 0; i < n - 1; i++) this.queue.push({ body: bodies[i]!, at, resolve: none, reject });
+      this.queue.push({ body: bodies[n - 1]!, at, resolve: (last) => resolve(Array.from({ length: n }, (_, k) => last - n + 1 + k)), reject });
+      this.flushing ??= this.flushLoop();
+    });
   }
 
   /**

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { Packr } from "msgpackr";
 import { decodeEnvelope, encodeEnvelope, type EnvelopeFields } from "../../src/envelope/envelope.ts";
-import { scanEnvelope, withRoute } from "../../src/envelope/scan.ts";
+import { routeEntry, scanEnvelope, withRoute } from "../../src/envelope/scan.ts";
 import { InvalidArgumentError } from "../../src/errors.ts";
 
 const plain = new Packr({ useRecords: false, moreTypes: false, encodeUndefinedAsNil: true });
@@ -61,7 +61,7 @@ describe("scanEnvelope", () => {
       for (const name of ["hub", "n".repeat(31), "n".repeat(32), "ünïcode"]) {
         const src = fields({ route, payload: { deep: [1, "two", new Uint8Array([3])] }, correlationId: "c" });
         const body = encodeEnvelope(src);
-        const out = withRoute(body, scanEnvelope(body), name);
+        const out = withRoute(body, scanEnvelope(body), routeEntry(name));
         const before = decodeEnvelope(body, 7);
         const after = decodeEnvelope(out, 7);
         expect(after.route).toEqual([...route, name]);
@@ -129,7 +129,7 @@ describe("scanEnvelope", () => {
       expect(view.id).toBe(full.id);
       expect(view.channel).toBe(full.channel);
       expect(view.route).toEqual(full.route);
-      expect(decodeEnvelope(withRoute(body, view, "hub"), 1).route).toEqual([...full.route, "hub"]);
+      expect(decodeEnvelope(withRoute(body, view, routeEntry("hub")), 1).route).toEqual([...full.route, "hub"]);
     }
     // Mutations inside the payload keep a body valid: the fuzz exercised both outcomes.
     expect(accepted).toBeGreaterThan(100);

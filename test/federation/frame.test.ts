@@ -17,6 +17,11 @@ import {
 
 const hex = (b: Uint8Array) => Buffer.from(b).toString("hex");
 const unhex = (h: string) => new Uint8Array(Buffer.from(h, "hex"));
+const one2 = (bytes: Uint8Array): Frame => {
+  const f = new FrameDecoder(64 << 20).push(bytes);
+  expect(f.length).toBe(1);
+  return f[0]!;
+};
 const one = (bytes: Uint8Array): Frame => {
   const f = new FrameDecoder(1 << 20).push(bytes);
   expect(f.length).toBe(1);
@@ -51,6 +56,28 @@ describe("frame codec", () => {
     expect(parseAck(one(unhex(GOLDEN[3]![2])))).toEqual({ batch: 1, channel: "t.a", upto: 8 });
     expect(parsePing(one(unhex(GOLDEN[4]![2])))).toEqual({ t: 1 });
     expect(parseClose(one(unhex(GOLDEN[6]![2])))).toEqual({ code: "bye", reason: "shutdown" });
+  });
+
+  test("the hand-written BATCH encoder gives the generic encoder's bytes at every size boundary", () => {
+    const sizes = [1, 31, 32, 255, 256, 65_535, 65_536];
+    const seqs = [1, 127, 128, 255, 256, 65_535, 65_536, 2 ** 32 - 1];
+    for (const count of [1, 15, 16]) {
+      for (const size of sizes) {
+        const records = Array.from({ length: count }, (_, i) => new Uint8Array(size).fill(i + 1));
+        // Rising seqs across the integer forms: small ones, 16- and 32-bit, and (for 15) past 32 bits.
+        const list = count === 1 ? [seqs[sizes.indexOf(size)]!] : count === 15 ? Array.from({ length: 15 }, (_, i) => seqs[i % 8]! + Math.floor(i / 8) * 2 ** 33) : Array.from({ length: 16 }, (_, i) => 100 + i * 9_000);
+        const bt = { batch: 70_000, channel: "c".repeat(count === 16 ? 40 : 3), seqs: list.sort((a, b) => a - b), records };
+        const generic = encodeFrame(FrameType.BATCH, { n: bt.batch, c: bt.channel, s: bt.seqs, r: bt.records });
+        const mine = batchFrame(bt);
+        if (bt.seqs.every((q) => q <= 0xffffffff)) expect(hex(mine)).toBe(hex(generic));
+        // Seqs past 32 bits: msgpackr may pick another integer form; both must read back the same.
+        const back = parseBatch(one2(mine));
+        expect(back.seqs).toEqual(bt.seqs);
+        expect(back.records.map((r) => r.length)).toEqual(records.map((r) => r.length));
+        expect(back.records[count - 1]![size - 1]).toBe(count);
+      }
+    }
+    expect(() => batchFrame({ batch: 1, channel: "t.a", seqs: [1], records: [new Uint8Array(2000)] }, 1000)).toThrow(FrameError);
   });
 
   test("frames split at every byte, and many frames in one chunk, decode the same", () => {

@@ -59,6 +59,25 @@ describe("ChannelLog", () => {
     await log.close();
   });
 
+  test("appendMany: consecutive seqs among single appends, across a segment roll; a bad body stores none of the lot", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), true);
+    const single = log.append(bodyOf(0));
+    const many = log.appendMany(Array.from({ length: 300 }, (_, i) => bodyOf(1 + i, 20)));
+    const after = log.append(bodyOf(301));
+    expect(await single).toBe(1);
+    expect(await many).toEqual(Array.from({ length: 300 }, (_, i) => i + 2));
+    expect(await after).toBe(302);
+    expect(log.segmentCount).toBeGreaterThan(1);
+    expect(await log.appendMany([])).toEqual([]);
+    const err = await log.appendMany([bodyOf(999), new Uint8Array(0)]).catch((e) => e);
+    expect(err.code).toBe("too_large");
+    const all = await readAll(log);
+    expect(all.map((r) => r.seq)).toEqual(Array.from({ length: 302 }, (_, i) => i + 1));
+    expect(all[150]!.text).toBe(`record-150${"x".repeat(20)}`);
+    await log.close();
+  });
+
   test("sync none and interval acknowledge after write; interval still fsyncs on its timer", async () => {
     for (const sync of ["none", "interval"] as const) {
       const dir = join(tmpDir(), sync);
