@@ -13,21 +13,27 @@
  */
 import { InvalidArgumentError } from "../errors.ts";
 
-/** The fields a forwarder and a receiver look at, and where the route sits. */
+/**
+ * Where the routing fields of an envelope sit in its bytes. Nothing is
+ * decoded until asked for (`envelopeId`, `routeNames`): a forwarder only
+ * compares route bytes, a receiver decodes the id alone.
+ */
 export interface EnvelopeView {
-  id: string;
-  channel: string;
-  route: string[];
-  /** Byte offset of the route array's header, and of the first byte after the array. */
+  /** Byte range of the id string's content. */
+  idStart: number;
+  idEnd: number;
+  /** Byte range of the channel string's content. */
+  channelStart: number;
+  channelEnd: number;
+  /** Byte offset of the route array's header, of its first element, and of the first byte after it. */
   routeStart: number;
-  routeEnd: number;
-  /** Byte offset of the first route element (after the array header). */
   routeItems: number;
+  routeEnd: number;
+  routeCount: number;
 }
 
 /** Deepest nesting accepted inside a payload (arrays and maps). */
 const MAX_DEPTH = 64;
-
 
 /** The keys the scan reads or checks, by index. */
 const KEYS = ["id", "channel", "origin", "type", "route"].map((k) => new TextEncoder().encode(k));
@@ -39,11 +45,7 @@ const ROUTE = 4;
 
 class Scanner {
   pos = 0;
-  private text: Buffer | undefined;
-  readonly view: DataView;
-  constructor(readonly buf: Uint8Array) {
-    this.view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
-  }
+  constructor(readonly buf: Uint8Array) {}
 
   need(n: number): void {
     if (this.pos + n > this.buf.length) throw new InvalidArgumentError("envelope is truncated");
@@ -56,14 +58,16 @@ class Scanner {
 
   u16(): number {
     this.need(2);
-    const v = this.view.getUint16(this.pos);
+    const b = this.buf;
+    const v = (b[this.pos]! << 8) | b[this.pos + 1]!;
     this.pos += 2;
     return v;
   }
 
   u32(): number {
     this.need(4);
-    const v = this.view.getUint32(this.pos);
+    const b = this.buf;
+    const v = b[this.pos]! * 0x1000000 + ((b[this.pos + 1]! << 16) | (b[this.pos + 2]! << 8) | b[this.pos + 3]!);
     this.pos += 4;
     return v;
   }
@@ -79,15 +83,14 @@ class Scanner {
     return -1;
   }
 
-  str(what: string): string {
+  /** Skips a string, returning the start of its content; throws if the next value is not a string. */
+  strContent(what: string): number {
     const n = this.strLen();
     if (n < 0) throw new InvalidArgumentError(`envelope field ${what} is not a string`);
     this.need(n);
     const start = this.pos;
     this.pos += n;
-    // Straight from the bytes: a subarray plus TextDecoder per field cost more than the rest of the scan.
-    this.text ??= Buffer.from(this.buf.buffer, this.buf.byteOffset, this.buf.byteLength);
-    return this.text.toString("utf8", start, this.pos);
+    return start;
   }
 
   /** Index in KEYS of the key at pos (-1 for another key), without making a string of it. */
@@ -187,11 +190,10 @@ class Scanner {
 }
 
 /**
- * Walks a stored body: a msgpack map with string keys whose `id` and
- * `channel` are strings and whose `route` is a list of strings (absent is
- * an empty route only if there is no route key at all; then it cannot be
- * amended and the record is refused). Throws InvalidArgumentError on
- * anything else, including trailing bytes.
+ * Walks a stored body: a msgpack map with string keys whose `id`,
+ * `channel`, `origin` and `type` are strings and whose `route` is a list of
+ * strings (a body without a route cannot be amended and is refused).
+ * Throws InvalidArgumentError on anything else, including trailing bytes.
  */
 export function scanEnvelope(body: Uint8Array): EnvelopeView {
   const s = new Scanner(body);
@@ -202,12 +204,7 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
   else if (head === 0xdf) n = s.u32();
   else throw new InvalidArgumentError("envelope is not a msgpack map");
   s.need(n);
-  let id: string | undefined;
-  let channel: string | undefined;
-  let route: string[] | undefined;
-  let routeStart = -1;
-  let routeItems = -1;
-  let routeEnd = -1;
+  const v: EnvelopeView = { idStart: -1, idEnd: -1, channelStart: -1, channelEnd: -1, routeStart: -1, routeItems: -1, routeEnd: -1, routeCount: 0 };
   let seen = 0;
   for (let i = 0; i < n; i++) {
     const key = s.key();
@@ -216,27 +213,78 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
       if (seen & (1 << key)) throw new InvalidArgumentError(`envelope has the key ${new TextDecoder().decode(KEYS[key])} twice`);
       seen |= 1 << key;
     }
-    if (key === ID) id = s.str("id");
-    else if (key === CHANNEL) channel = s.str("channel");
-    else if (key === ORIGIN || key === TYPE) {
-      const len = s.strLen();
-      if (len < 0) throw new InvalidArgumentError("envelope field origin or type is not a string");
-      s.need(len);
-      s.pos += len;
-    } else if (key === ROUTE) {
-      routeStart = s.pos;
+    if (key === ID) {
+      v.idStart = s.strContent("id");
+      v.idEnd = s.pos;
+    } else if (key === CHANNEL) {
+      v.channelStart = s.strContent("channel");
+      v.channelEnd = s.pos;
+    } else if (key === ORIGIN || key === TYPE) s.strContent(key === ORIGIN ? "origin" : "type");
+    else if (key === ROUTE) {
+      v.routeStart = s.pos;
       const len = s.arrayLen();
       if (len < 0) throw new InvalidArgumentError("envelope field route is not a list");
       s.need(len);
-      routeItems = s.pos;
-      route = [];
-      for (let k = 0; k < len; k++) route.push(s.str("route entry"));
-      routeEnd = s.pos;
+      v.routeItems = s.pos;
+      for (let k = 0; k < len; k++) s.strContent("route entry");
+      v.routeEnd = s.pos;
+      v.routeCount = len;
     } else s.skip(1);
   }
   if (s.pos !== body.length) throw new InvalidArgumentError("envelope has trailing bytes");
-  if (id === undefined || channel === undefined || route === undefined) throw new InvalidArgumentError("envelope lacks id, channel or route");
-  return { id, channel, route, routeStart, routeEnd, routeItems };
+  if (v.idStart < 0 || v.channelStart < 0 || v.routeStart < 0) throw new InvalidArgumentError("envelope lacks id, channel or route");
+  return v;
+}
+
+const utf8 = new TextDecoder();
+
+/** The envelope's id. */
+export function envelopeId(body: Uint8Array, v: EnvelopeView): string {
+  return utf8.decode(body.subarray(v.idStart, v.idEnd));
+}
+
+/** The envelope's channel. */
+export function envelopeChannel(body: Uint8Array, v: EnvelopeView): string {
+  return utf8.decode(body.subarray(v.channelStart, v.channelEnd));
+}
+
+/** True if the channel's UTF-8 bytes are `name` (from `utf8Bytes`). */
+export function channelIs(body: Uint8Array, v: EnvelopeView, name: Uint8Array): boolean {
+  return sameBytes(body, v.channelStart, v.channelEnd, name);
+}
+
+/** The route's names. */
+export function routeNames(body: Uint8Array, v: EnvelopeView): string[] {
+  const out: string[] = [];
+  const s = new Scanner(body);
+  s.pos = v.routeItems;
+  for (let k = 0; k < v.routeCount; k++) {
+    const start = s.strContent("route entry");
+    out.push(utf8.decode(body.subarray(start, s.pos)));
+  }
+  return out;
+}
+
+/** True if `name` (its UTF-8 bytes) is in the route, whatever string form each entry was written in. */
+export function routeIncludes(body: Uint8Array, v: EnvelopeView, name: Uint8Array): boolean {
+  const s = new Scanner(body);
+  s.pos = v.routeItems;
+  for (let k = 0; k < v.routeCount; k++) {
+    const start = s.strContent("route entry");
+    if (sameBytes(body, start, s.pos, name)) return true;
+  }
+  return false;
+}
+
+function sameBytes(body: Uint8Array, start: number, end: number, name: Uint8Array): boolean {
+  if (end - start !== name.length) return false;
+  for (let i = 0; i < name.length; i++) if (body[start + i] !== name[i]) return false;
+  return true;
+}
+
+/** UTF-8 bytes of a name, for `channelIs` and `routeIncludes`. */
+export function utf8Bytes(name: string): Uint8Array {
+  return new TextEncoder().encode(name);
 }
 
 /**
@@ -244,7 +292,7 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
  * `routeEntry`, made once per batch); every other byte is kept.
  */
 export function withRoute(body: Uint8Array, view: EnvelopeView, entry: Uint8Array): Uint8Array {
-  const count = view.route.length + 1;
+  const count = view.routeCount + 1;
   const headerLen = count <= 15 ? 1 : count <= 0xffff ? 3 : 5;
   const out = new Uint8Array(body.length - (view.routeItems - view.routeStart) + headerLen + entry.length);
   let at = copy(out, 0, body, 0, view.routeStart);

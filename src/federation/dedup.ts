@@ -8,6 +8,12 @@
 export class RecentIds {
   readonly capacity: number;
   private readonly ids = new Map<string, true>();
+  /**
+   * One live iterator over `ids`, kept across calls: it yields keys in
+   * insertion order and skips deleted ones, so it always stands at the
+   * oldest id (a new iterator per eviction showed in profiles).
+   */
+  private readonly oldest = this.ids.keys();
 
   constructor(capacity: number) {
     this.capacity = Math.max(0, Math.floor(capacity));
@@ -22,7 +28,7 @@ export class RecentIds {
       return true;
     }
     this.ids.set(id, true);
-    if (this.ids.size > this.capacity) this.ids.delete(this.ids.keys().next().value!);
+    if (this.ids.size > this.capacity) this.ids.delete(this.oldest.next().value!);
     return false;
   }
 

@@ -5,6 +5,7 @@
  * stored records as they are stored, keeps at most `window` unacknowledged,
  * and moves the persisted cursor only when the peer's ACK arrives.
  */
+import { routeIncludes, utf8Bytes } from "../envelope/scan.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { DurableSubscriber, Positions } from "../messenger/durable-subscriber.ts";
 import type { Logger } from "../observability/logger.ts";
@@ -97,7 +98,7 @@ export class Forwarder {
    */
   private async sendOne(): Promise<boolean> {
     const { session, maxBatchBytes, window } = this.opts;
-    const peer = session.peer.name;
+    const peerBytes = utf8Bytes(session.peer.name);
     for (const sub of this.subs) {
       const after = this.sent.get(sub)!;
       const recs = await sub.fetchRaw({ max: 10_000, maxBytes: maxBatchBytes - 1024, after: new Map(after) });
@@ -113,11 +114,11 @@ export class Forwarder {
         if (this.inflight.size >= window) break;
         const covers = mine[mine.length - 1]!.seq;
         after.set(channel, covers + 1);
-        const looped = mine.filter((r) => r.route.includes(peer));
+        const looped = mine.filter((r) => routeIncludes(r.body, r.view, peerBytes));
         this.loopSkipped += looped.length;
         // One batch is one channel: the peer's rules are checked once, not per record.
         const allowed = this.opts.allow?.(channel) ?? true;
-        const toSend = allowed ? mine.filter((r) => !r.route.includes(peer)) : [];
+        const toSend = allowed ? mine.filter((r) => !routeIncludes(r.body, r.view, peerBytes)) : [];
         if (toSend.length === 0) {
           // Nothing the peer may or should get. If a batch of this channel is still unacknowledged,
           // it now also covers these (acks come in order); acking here would skip past it.

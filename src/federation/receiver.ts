@@ -6,7 +6,18 @@
  * then ACKs. Records dropped on purpose are audited and still acknowledged,
  * so a bad sender cannot stall a link.
  */
-import { routeEntry, scanEnvelope, withRoute, type EnvelopeView } from "../envelope/scan.ts";
+import {
+  channelIs,
+  envelopeChannel,
+  envelopeId,
+  routeEntry,
+  routeIncludes,
+  routeNames,
+  scanEnvelope,
+  utf8Bytes,
+  withRoute,
+  type EnvelopeView,
+} from "../envelope/scan.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { AuditLog } from "./audit.ts";
@@ -94,51 +105,55 @@ export class Receiver {
     if (session.state !== "open") return false;
     const { self, dedup, audit } = this.opts;
     const peer = session.peer.name;
-    const keep: { view: EnvelopeView; body: Uint8Array }[] = [];
+    const keep: { view: EnvelopeView; body: Uint8Array; id: string }[] = [];
     const keepIds = new Set<string>();
     // Every record must be of the batch's channel (checked below), so the rules are checked once.
     const allowed = !this.opts.allow || this.opts.allow(batch.channel);
+    const channelBytes = utf8Bytes(batch.channel);
+    const selfBytes = utf8Bytes(self);
     for (let i = 0; i < batch.records.length; i++) {
+      const body = batch.records[i]!;
       let msg: EnvelopeView;
       try {
         // Structure and the routing fields only: the payload's bytes are stored as they came.
-        msg = scanEnvelope(batch.records[i]!);
+        msg = scanEnvelope(body);
       } catch (err) {
         const why = err instanceof Error ? err.message : String(err);
         audit?.record("malformed_frame", { peer, channel: batch.channel, reason: `record is not an envelope: ${why}` });
         session.close("malformed_frame", `record ${batch.seqs[i]} of batch ${batch.batch} is not an envelope: ${why}`);
         return false;
       }
-      if (msg.channel !== batch.channel) {
-        audit?.record("malformed_frame", { peer, channel: batch.channel, reason: `record of channel ${msg.channel} in a batch of ${batch.channel}` });
+      if (!channelIs(body, msg, channelBytes)) {
+        audit?.record("malformed_frame", { peer, channel: batch.channel, reason: `record of channel ${envelopeChannel(body, msg)} in a batch of ${batch.channel}` });
         session.close("malformed_frame", "record channel does not match its batch");
         return false;
       }
+      const id = envelopeId(body, msg);
       if (!allowed) {
         this.stats.violations++;
-        audit?.record("policy_violation", { peer, channel: msg.channel, id: msg.id, reason: "outside the peer's publish rules" });
+        audit?.record("policy_violation", { peer, channel: batch.channel, id, reason: "outside the peer's publish rules" });
         continue;
       }
-      if (msg.route.includes(self)) {
+      if (routeIncludes(body, msg, selfBytes)) {
         this.stats.loops++;
-        audit?.record("loop_dropped", { peer, channel: msg.channel, id: msg.id, route: msg.route });
+        audit?.record("loop_dropped", { peer, channel: batch.channel, id, route: routeNames(body, msg) });
         continue;
       }
-      if (dedup.has(msg.id) || this.pending.has(msg.id) || keepIds.has(msg.id)) {
+      if (dedup.has(id) || this.pending.has(id) || keepIds.has(id)) {
         this.stats.duplicates++;
-        audit?.record("duplicate_dropped", { peer, channel: msg.channel, id: msg.id });
+        audit?.record("duplicate_dropped", { peer, channel: batch.channel, id });
         continue;
       }
-      keep.push({ view: msg, body: batch.records[i]! });
-      keepIds.add(msg.id);
+      keep.push({ view: msg, body, id });
+      keepIds.add(id);
     }
     if (keep.length === 0) return true;
     const entry = routeEntry(self);
     const bodies = keep.map((k) => withRoute(k.body, k.view, entry));
-    for (const k of keep) this.pending.add(k.view.id);
+    for (const k of keep) this.pending.add(k.id);
     try {
       await this.opts.messenger.ingest(batch.channel, bodies);
-      for (const k of keep) dedup.seen(k.view.id);
+      for (const k of keep) dedup.seen(k.id);
       this.stats.stored += keep.length;
       return true;
     } catch (err) {
@@ -147,7 +162,7 @@ export class Receiver {
       session.close("store_failed", err instanceof Error ? err.message : String(err));
       return false;
     } finally {
-      for (const k of keep) this.pending.delete(k.view.id);
+      for (const k of keep) this.pending.delete(k.id);
     }
   }
 }

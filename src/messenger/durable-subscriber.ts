@@ -4,7 +4,7 @@
  * acks. Fetching never moves the cursor; only `ack` does (cumulatively), so
  * whatever a consumer did not ack comes again on its next pull or stream.
  */
-import { scanEnvelope } from "../envelope/scan.ts";
+import { scanEnvelope, type EnvelopeView } from "../envelope/scan.ts";
 import { decodeEnvelope, type Message } from "../envelope/envelope.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
@@ -35,11 +35,11 @@ export interface FetchOptions {
   after?: Positions;
 }
 
-/** A stored record as a forwarder sends it: its bytes, and the route read from them. */
+/** A stored record as a forwarder sends it: its bytes, and where its route sits in them. */
 export interface RawRecord {
   seq: number;
   channel: string;
-  route: string[];
+  view: EnvelopeView;
   body: Uint8Array;
 }
 
@@ -111,8 +111,8 @@ export class DurableSubscriber {
   async fetchRaw(opts: FetchOptions): Promise<RawRecord[]> {
     const out: RawRecord[] = [];
     await this.collect(opts, (body, seq, channel) => {
-      // Only the route is read: decoding whole envelopes was most of a forwarder's CPU.
-      out.push({ seq, channel, route: scanEnvelope(body).route, body });
+      // Nothing is decoded: decoding whole envelopes was most of a forwarder's CPU.
+      out.push({ seq, channel, view: scanEnvelope(body), body });
     });
     return out;
   }

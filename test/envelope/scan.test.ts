@@ -1,7 +1,13 @@
 import { describe, expect, test } from "bun:test";
 import { Packr } from "msgpackr";
 import { decodeEnvelope, encodeEnvelope, type EnvelopeFields } from "../../src/envelope/envelope.ts";
-import { routeEntry, scanEnvelope, withRoute } from "../../src/envelope/scan.ts";
+import { channelIs, envelopeChannel, envelopeId, routeEntry, routeIncludes, routeNames, scanEnvelope, utf8Bytes, withRoute } from "../../src/envelope/scan.ts";
+
+/** What the scan gives, decoded. */
+function read(body: Uint8Array): { id: string; channel: string; route: string[] } {
+  const v = scanEnvelope(body);
+  return { id: envelopeId(body, v), channel: envelopeChannel(body, v), route: routeNames(body, v) };
+}
 import { InvalidArgumentError } from "../../src/errors.ts";
 
 const plain = new Packr({ useRecords: false, moreTypes: false, encodeUndefinedAsNil: true });
@@ -46,11 +52,8 @@ describe("scanEnvelope", () => {
     for (const payload of payloads) {
       for (const extra of [{}, { correlationId: "corr-1", serviceName: "svc" }]) {
         const body = encodeEnvelope(fields({ payload, ...extra }));
-        const view = scanEnvelope(body);
         const full = decodeEnvelope(body, 1);
-        expect(view.id).toBe(full.id);
-        expect(view.channel).toBe(full.channel);
-        expect(view.route).toEqual(full.route);
+        expect(read(body)).toEqual({ id: full.id, channel: full.channel, route: full.route });
       }
     }
   });
@@ -67,11 +70,24 @@ describe("scanEnvelope", () => {
         expect(after.route).toEqual([...route, name]);
         expect({ ...after, route: [] }).toEqual({ ...before, route: [] });
         // The amended body is itself a valid envelope with the same view.
-        expect(scanEnvelope(out).route).toEqual([...route, name]);
+        expect(read(out).route).toEqual([...route, name]);
         // Same bytes as a full re-encode: the spliced form is canonical.
         expect([...out]).toEqual([...encodeEnvelope({ ...src, route: [...route, name] })]);
       }
     }
+  });
+
+  test("route and channel checks compare content, whatever string form a peer wrote", () => {
+    // "hub" as str8 (0xd9 0x03 ...) instead of the minimal fixstr: still the name "hub".
+    const body = new Uint8Array([0x84, ...plain.pack("id"), ...plain.pack("a"), ...plain.pack("channel"), 0xd9, 0x01, 0x63, ...plain.pack("route"), 0x92, ...plain.pack("dev"), 0xd9, 0x03, 0x68, 0x75, 0x62, ...plain.pack("p"), 0xc0]);
+    const v = scanEnvelope(body);
+    expect(routeIncludes(body, v, utf8Bytes("hub"))).toBe(true);
+    expect(routeIncludes(body, v, utf8Bytes("hu"))).toBe(false);
+    expect(routeIncludes(body, v, utf8Bytes("hubs"))).toBe(false);
+    expect(channelIs(body, v, utf8Bytes("c"))).toBe(true);
+    expect(channelIs(body, v, utf8Bytes("cc"))).toBe(false);
+    expect(routeNames(body, v)).toEqual(["dev", "hub"]);
+    expect(decodeEnvelope(withRoute(body, v, routeEntry("b")), 1).route).toEqual(["dev", "hub", "b"]);
   });
 
   test("refuses bodies that are not envelopes, with a typed error", () => {
@@ -120,15 +136,15 @@ describe("scanEnvelope", () => {
       let view;
       try {
         view = scanEnvelope(body);
+        routeNames(body, view);
       } catch (e) {
         expect(e).toBeInstanceOf(InvalidArgumentError);
         continue;
       }
       accepted++;
       const full = decodeEnvelope(body, 1);
-      expect(view.id).toBe(full.id);
-      expect(view.channel).toBe(full.channel);
-      expect(view.route).toEqual(full.route);
+      expect(read(body)).toEqual({ id: full.id, channel: full.channel, route: full.route });
+      expect(routeIncludes(body, view, utf8Bytes("dev-a"))).toBe(full.route.includes("dev-a"));
       expect(decodeEnvelope(withRoute(body, view, routeEntry("hub")), 1).route).toEqual([...full.route, "hub"]);
     }
     // Mutations inside the payload keep a body valid: the fuzz exercised both outcomes.
