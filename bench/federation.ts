@@ -50,6 +50,12 @@ async function status(p: Proc): Promise<any> {
   return (await fetch("http://k/v1/status", { unix: p.socket } as RequestInit)).json();
 }
 
+/** Messages stored on `channel` at `p`. */
+async function channelMessages(p: Proc, channel: string): Promise<number> {
+  const list = ((await (await fetch("http://k/v1/channels", { unix: p.socket } as RequestInit)).json()) as { channels: { channel: string; messages: number }[] }).channels;
+  return list.find((c) => c.channel === channel)?.messages ?? 0;
+}
+
 async function until(what: string, cond: () => Promise<boolean>, ms = 60_000): Promise<void> {
   const deadline = Date.now() + ms;
   while (!(await cond())) {
@@ -77,6 +83,29 @@ function streamCount(p: Proc, channel: string, each: (m: any) => void): { stop: 
     }
   })();
   return { stop: () => ctl.abort() };
+}
+
+/**
+ * Publishes `total` messages at 1,000/s over `conns` (8 requests in flight at
+ * most), each carrying its wall-clock send time.
+ */
+async function paced(conns: RawHttp[], total: number): Promise<void> {
+  const t0 = performance.now();
+  let sent = 0;
+  const inflight: Promise<unknown>[] = [];
+  while (sent < total) {
+    const due = Math.min(total, Math.floor(performance.now() - t0) + 1);
+    while (sent < due) {
+      const c = conns[sent % conns.length]!;
+      const body = JSON.stringify({ type: "n", payload: { t: performance.timeOrigin + performance.now(), pad: "x".repeat(200) } });
+      inflight.push(c.send(RawHttp.request("POST", "/v1/channels/t.lat/messages", body)));
+      sent++;
+      if (inflight.length >= conns.length) await Promise.all(inflight.splice(0));
+    }
+    // Sleep until the next message is due (a sub-millisecond sleep spins and took a core from the agents).
+    await Bun.sleep(Math.max(1, t0 + sent - performance.now()));
+  }
+  await Promise.all(inflight);
 }
 
 /** Runs the federation scenarios; returns table rows. */
@@ -124,36 +153,21 @@ export async function benchFederation(opts: { quick?: boolean } = {}): Promise<R
     const seconds = opts.quick ? 3 : 10;
     const lat: number[] = [];
     const s1 = streamCount(devB, "t.lat", (m) => lat.push(performance.timeOrigin + performance.now() - m.payload.t));
-    const conn = await RawHttp.connect(devA.socket);
-    const warm = RawHttp.request("POST", "/v1/channels/t.lat/messages", JSON.stringify({ type: "w", payload: { t: performance.timeOrigin + performance.now() } }));
-    await conn.send(warm);
-    await until("warm-up delivered", async () => lat.length === 1);
+    const conns = await Promise.all(Array.from({ length: 8 }, () => RawHttp.connect(devA.socket)));
+    // Two seconds at the same rate first, not measured: the first second of a fresh process is
+    // JIT compilation (event-loop stalls of 10-200 ms in all three agents), not steady state.
+    const warmup = 2000;
+    await paced(conns, warmup);
+    await until("warm-up delivered", async () => lat.length >= warmup, 30_000);
     lat.length = 0;
     const total = seconds * 1000;
-    const conns = await Promise.all(Array.from({ length: 8 }, () => RawHttp.connect(devA.socket)));
-    const t0 = performance.now();
-    let sent = 0;
-    const inflight: Promise<unknown>[] = [];
-    while (sent < total) {
-      const due = Math.min(total, Math.floor(performance.now() - t0) + 1);
-      while (sent < due) {
-        const c = conns[sent % conns.length]!;
-        const body = JSON.stringify({ type: "n", payload: { t: performance.timeOrigin + performance.now(), pad: "x".repeat(200) } });
-        inflight.push(c.send(RawHttp.request("POST", "/v1/channels/t.lat/messages", body)));
-        sent++;
-        if (inflight.length >= conns.length) await Promise.all(inflight.splice(0));
-      }
-      // Sleep until the next message is due (a sub-millisecond sleep spins and took a core from the agents).
-      await Bun.sleep(Math.max(1, t0 + sent - performance.now()));
-    }
-    await Promise.all(inflight);
+    await paced(conns, total);
     await until("all latency messages at B", async () => lat.length >= total, 30_000);
     s1.stop();
-    conn.close();
     for (const c of conns) c.close();
     rows.push({ group: "federation A->hub->B @1000/s", metric: "p50", value: quantile(lat, 0.5), unit: "ms", note: "sync always on all three" });
     rows.push({ group: "federation A->hub->B @1000/s", metric: "p99", value: quantile(lat, 0.99), unit: "ms", note: "target < 15 ms" });
-    rows.push({ group: "federation A->hub->B @1000/s", metric: "max", value: quantile(lat, 1), unit: "ms", note: `${lat.length} messages` });
+    rows.push({ group: "federation A->hub->B @1000/s", metric: "max", value: quantile(lat, 1), unit: "ms", note: `${lat.length} messages after ${warmup} of warm-up` });
 
     // 3. Backlog: hub down while A stores N messages; time until B has them all after the hub starts.
     const n = opts.quick ? 20_000 : 100_000;
@@ -163,17 +177,16 @@ export async function benchFederation(opts: { quick?: boolean } = {}): Promise<R
     const batch = RawHttp.request("POST", "/v1/channels/t.backlog/messages", Array(5000).fill(line).join("\n") + "\n", "application/x-ndjson");
     for (let i = 0; i < n; i += 5000) await pub.send(batch);
     pub.close();
-    let got = 0;
-    const s2 = streamCount(devB, "t.backlog", () => got++);
     const th = performance.now();
     hub = await start(dir, "hub", hubYaml);
     // Time the forwarding itself: from the moment A's link is up again.
     await until("A linked again", async () => (await status(devA)).links[0]?.state === "open", 30_000);
     const tb = performance.now();
-    await until("backlog at B", async () => got >= n, 120_000);
+    // Forwarded = stored (durably) in B's log; B's channel stats say how many, without a consumer
+    // on B taking CPU from the three agents (delivery to subscribers is measured by the API bench).
+    await until("backlog stored at B", async () => (await channelMessages(devB, "t.backlog")) >= n, 120_000);
     const secs = (performance.now() - tb) / 1000;
-    s2.stop();
-    rows.push({ group: "federation backlog", metric: `${n.toLocaleString("en-US")} messages A->hub->B once the link is up`, value: n / secs, unit: "msg/s", note: `${secs.toFixed(2)} s (+${((tb - th) / 1000).toFixed(1)} s hub start and reconnect); target >= 50,000` });
+    rows.push({ group: "federation backlog", metric: `${n.toLocaleString("en-US")} messages A->hub->B once the link is up`, value: n / secs, unit: "msg/s", note: `${secs.toFixed(2)} s until stored at B (+${((tb - th) / 1000).toFixed(1)} s hub start and reconnect); target >= 50,000` });
 
   } finally {
     for (const p of [devA, devB, hub]) await stop(p).catch(() => {});
