@@ -7,13 +7,15 @@
 import { compilePattern, type Matcher } from "../envelope/names.ts";
 import type { AgentConfig, LinkConfig, PeerConfig } from "../config/schema.ts";
 import type { Messenger } from "../messenger/messenger.ts";
+import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
 import type { Logger } from "../observability/logger.ts";
 import { connectMtls, MtlsServer } from "../pki/mtls.ts";
 import type { TlsMaterial } from "../pki/tls.ts";
 import { AuditLog } from "./audit.ts";
 import { RecentIds } from "./dedup.ts";
-import { cursorName, Forwarder } from "./forwarder.ts";
+import { backlogOf, cursorName, Forwarder, type ChannelBacklog } from "./forwarder.ts";
 import { PROTOCOL_VERSION } from "./frame.ts";
+import { closeFrame } from "./messages.ts";
 import { Receiver } from "./receiver.ts";
 import { HANDSHAKE_TIMEOUT_MS, PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
 
@@ -34,7 +36,7 @@ export interface LinkStatus {
   /** Messages this side stored from the peer since start. */
   stored: number;
   /** Per channel: messages waiting to be acknowledged by the peer. */
-  backlog: { channel: string; messages: number }[];
+  backlog: ChannelBacklog[];
   last_error: string | null;
 }
 
@@ -114,6 +116,7 @@ export class Federation {
           logger: this.logger,
           authorize: (p) => (this.peers.has(p.name) ? null : `unknown peer "${p.name}" (not in hub.peers)`),
           onReject: (reason, remote) => this.audit?.record("peer_rejected", { remote, reason }),
+          farewell: (reason) => closeFrame({ code: "unknown_peer", reason }),
         },
         sessionHandler(this.sessionOptions("hub"), this.hubEvents()),
       );
@@ -260,22 +263,17 @@ export class Federation {
     return out;
   }
 
-  /** Messages per channel stored here and not acknowledged by `peer`, from its durable cursors. */
-  private backlogOf(peer: string, patterns: string[]): { channel: string; messages: number }[] {
-    const out = new Map<string, number>();
+  /** Per channel, what is stored here and not acknowledged by `peer`, from its durable cursors. */
+  private backlogOf(peer: string, patterns: string[]): ChannelBacklog[] {
+    const subs: DurableSubscriber[] = [];
     for (const p of patterns) {
-      let sub;
       try {
-        sub = this.messenger.openSubscriber(p, cursorName(peer), { create: false });
+        subs.push(this.messenger.openSubscriber(p, cursorName(peer), { create: false }));
       } catch {
-        continue; // never connected yet
-      }
-      for (const [channel, cursor] of sub.positions()) {
-        const log = this.messenger.channelLog(channel);
-        if (log) out.set(channel, (out.get(channel) ?? 0) + Math.max(0, log.nextSeq - cursor));
+        // never connected yet
       }
     }
-    return [...out].map(([channel, messages]) => ({ channel, messages })).sort((a, b) => a.channel.localeCompare(b.channel));
+    return backlogOf(this.messenger, subs);
   }
 
   /** Gauges for /metrics: link state, reconnects, RTT and backlog per peer and channel. */
@@ -284,14 +282,25 @@ export class Federation {
     const reconnects: typeof up = [];
     const rtt: typeof up = [];
     const backlog: typeof up = [];
+    const backlogBytes: typeof up = [];
     for (const l of this.status()) {
       const labels = { kind: l.kind, target: l.target };
       up.push({ help: "1 when the link or peer session is open.", value: l.state === "open" ? 1 : 0, labels });
       if (l.kind === "link") reconnects.push({ help: "Times the link has reconnected since start.", value: l.reconnects, labels });
       if (l.rtt_ms !== null) rtt.push({ help: "Last heartbeat round trip of the session, seconds.", value: l.rtt_ms / 1000, labels });
-      for (const b of l.backlog) backlog.push({ help: "Messages stored here and not yet acknowledged by the peer.", value: b.messages, labels: { ...labels, peer: l.peer ?? "", channel: b.channel } });
+      for (const b of l.backlog) {
+        const where = { ...labels, peer: l.peer ?? "", channel: b.channel };
+        backlog.push({ help: "Messages stored here and not yet acknowledged by the peer.", value: b.messages, labels: where });
+        backlogBytes.push({ help: "Record bytes stored here and not yet acknowledged by the peer (to within 4 KiB).", value: b.bytes, labels: where });
+      }
     }
-    return { keyop_link_up: up, keyop_link_reconnects: reconnects, keyop_link_rtt_seconds: rtt, keyop_federation_backlog_messages: backlog };
+    return {
+      keyop_link_up: up,
+      keyop_link_reconnects: reconnects,
+      keyop_link_rtt_seconds: rtt,
+      keyop_federation_backlog_messages: backlog,
+      keyop_federation_backlog_bytes: backlogBytes,
+    };
   }
 
   /** New TLS material for new connections (SIGHUP). */

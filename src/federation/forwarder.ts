@@ -27,6 +27,30 @@ export interface ForwarderOptions {
   logger: Logger;
 }
 
+/** What a peer has not acknowledged on one channel. */
+export interface ChannelBacklog {
+  channel: string;
+  messages: number;
+  /** Record bytes (headers included) from the peer's cursor on; see ChannelLog#bytesFrom. */
+  bytes: number;
+}
+
+/** Per channel, what the durable cursors `subs` have not acknowledged (channels `allow` accepts). */
+export function backlogOf(messenger: Messenger, subs: DurableSubscriber[], allow?: (channel: string) => boolean): ChannelBacklog[] {
+  const out = new Map<string, ChannelBacklog>();
+  for (const sub of subs) {
+    for (const [channel, cursor] of sub.positions()) {
+      const log = messenger.channelLog(channel);
+      if (!log || (allow && !allow(channel))) continue;
+      const acc = out.get(channel) ?? { channel, messages: 0, bytes: 0 };
+      acc.messages += Math.max(0, log.nextSeq - cursor);
+      acc.bytes += log.bytesFrom(cursor);
+      out.set(channel, acc);
+    }
+  }
+  return [...out.values()].sort((a, b) => a.channel.localeCompare(b.channel));
+}
+
 /** Name of the durable subscriber that holds what `peer` has acknowledged. */
 export function cursorName(peer: string): string {
   return `_fed.${peer}`;
@@ -154,17 +178,9 @@ export class Forwarder {
     w?.();
   }
 
-  /** Per channel: messages stored here that the peer has not acknowledged yet. */
-  backlog(): { channel: string; messages: number }[] {
-    const out = new Map<string, number>();
-    for (const sub of this.subs) {
-      for (const [channel, cursor] of sub.positions()) {
-        const log = this.opts.messenger.channelLog(channel);
-        if (!log || (this.opts.allow && !this.opts.allow(channel))) continue;
-        out.set(channel, (out.get(channel) ?? 0) + Math.max(0, log.nextSeq - cursor));
-      }
-    }
-    return [...out].map(([channel, messages]) => ({ channel, messages })).sort((a, b) => a.channel.localeCompare(b.channel));
+  /** Per channel: messages and bytes stored here that the peer has not acknowledged yet. */
+  backlog(): ChannelBacklog[] {
+    return backlogOf(this.opts.messenger, this.subs, this.opts.allow);
   }
 
   /** Batches sent and not yet acknowledged. */

@@ -44,12 +44,23 @@ export type RejectHook = (reason: string, remote: string) => void;
 /** Decides whether a verified peer may stay; returns a reason to refuse it, or null. */
 export type AuthorizeHook = (peer: PeerIdentity) => string | null;
 
-function socketHandlers<T>(expect: "client" | "server", material: () => TlsMaterial, handler: MtlsHandler<T>, logger: Logger, onReject?: RejectHook, authorize?: AuthorizeHook) {
-  const reject = (s: MtlsSocket<T>, reason: string) => {
+function socketHandlers<T>(
+  expect: "client" | "server",
+  material: () => TlsMaterial,
+  handler: MtlsHandler<T>,
+  logger: Logger,
+  onReject?: RejectHook,
+  authorize?: AuthorizeHook,
+  farewell?: (reason: string) => Uint8Array,
+) {
+  const reject = (s: MtlsSocket<T>, reason: string, say?: Uint8Array) => {
     logger.warn("tls peer rejected", { remote: s.remoteAddress, reason });
     onReject?.(reason, s.remoteAddress);
     s.data.early = [];
-    s.terminate();
+    if (say) {
+      s.write(say);
+      s.end();
+    } else s.terminate();
   };
   // An exception in the application's handlers must not vanish or take the process down:
   // log it and drop that one connection.
@@ -70,7 +81,8 @@ function socketHandlers<T>(expect: "client" | "server", material: () => TlsMater
           clearTimeout(s.data.timer);
           if (s.data.closed) return;
           const refused = authorize?.(peer);
-          if (refused) return reject(s, refused);
+          // A verified peer that is not welcome is told why; one that failed verification is not.
+          if (refused) return reject(s, refused, farewell?.(refused));
           s.data.peer = peer;
           try {
             handler.open(s, peer);
@@ -126,6 +138,8 @@ export interface MtlsServerOptions {
   onReject?: RejectHook;
   /** Refuses verified peers the application does not know (e.g. a CN not in hub.peers). */
   authorize?: AuthorizeHook;
+  /** Bytes written to a peer `authorize` refused, before the connection ends (the protocol's CLOSE). */
+  farewell?: (reason: string) => Uint8Array;
 }
 
 /**
@@ -155,7 +169,7 @@ export class MtlsServer<T> {
       hostname: this.opts.hostname,
       port,
       tls: bunTlsOptions(this.material),
-      socket: socketHandlers<T>("client", () => this.material, this.handler, this.opts.logger, this.opts.onReject, this.opts.authorize),
+      socket: socketHandlers<T>("client", () => this.material, this.handler, this.opts.logger, this.opts.onReject, this.opts.authorize, this.opts.farewell),
     });
   }
 

@@ -208,6 +208,13 @@ export class ChannelLog {
     return total;
   }
 
+  /** Bytes of the committed records from `seq` on (see Segment#bytesFrom for how exact). */
+  bytesFrom(seq: number): number {
+    let total = 0;
+    for (const s of this.segments) total += s.bytesFrom(seq);
+    return total;
+  }
+
   /** Number of segment files. */
   get segmentCount(): number {
     return this.segments.length;

@@ -168,6 +168,19 @@ export class Segment {
     }
   }
 
+  /**
+   * Bytes of the records with seq >= `seq` in this segment, without I/O:
+   * from the sparse index it is exact to within one index interval (4 KiB,
+   * counted in); for a sealed segment not yet read since start (no index)
+   * it is the share of the records times the segment's size.
+   */
+  bytesFrom(seq: number): number {
+    if (seq > this.lastSeq || this.size === 0) return 0;
+    if (seq <= this.baseSeq) return this.size;
+    if (this.idxSeq.length > 0) return this.size - this.locate(seq)[1];
+    return Math.round((this.size * (this.lastSeq - seq + 1)) / this.count);
+  }
+
   /** Index entry at or before `seq`: [seq, offset] to start scanning from. */
   private locate(seq: number): [number, number] {
     const s = this.idxSeq;

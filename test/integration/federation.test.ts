@@ -4,6 +4,8 @@ import { join } from "node:path";
 import { tmpDir, waitFor } from "../helpers.ts";
 import { cli, runAgent, type AgentProc } from "./agent-process.ts";
 import { FaultProxy } from "./fault-proxy.ts";
+import { FrameDecoder } from "../../src/federation/frame.ts";
+import { helloFrame, parseClose } from "../../src/federation/messages.ts";
 
 /** A free loopback port (bound and released; fine on a test machine). */
 function freePort(): number {
@@ -62,7 +64,7 @@ beforeAll(async () => {
   dir = tmpDir();
   const pki = join(dir, "pki");
   expect((await cli(["cert", "ca", "--out-dir", pki])).code).toBe(0);
-  for (const n of ["hub", "devA", "devB", "relay", "devC", "devD"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
+  for (const n of ["hub", "devA", "devB", "relay", "devC", "devD", "raw", "stranger"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
   port = freePort();
   const tls = (n: string) => `tls:\n  cert: ${pki}/${n}.crt\n  key: ${pki}/${n}.key\n  ca: ${pki}/ca.crt\n`;
   const fed = "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 1s\n";
@@ -71,7 +73,7 @@ beforeAll(async () => {
     writeFileSync(f, tls(n) + fed + `audit:\n  path: ${dir}/${n}-audit.log\n` + body);
     return f;
   };
-  const hubCfg = cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["t.>"]\n      subscribe: ["cmd.devA.>"]\n    - name: devB\n      publish: []\n      subscribe: ["t.>"]\n    - name: relay\n      publish: ["chain.>"]\n      subscribe: []\n    - name: devD\n      publish: ["t.>"]\n      subscribe: []\n`);
+  const hubCfg = cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["t.>"]\n      subscribe: ["cmd.devA.>"]\n    - name: devB\n      publish: []\n      subscribe: ["t.>"]\n    - name: relay\n      publish: ["chain.>"]\n      subscribe: []\n    - name: devD\n      publish: ["t.>"]\n      subscribe: []\n    - name: raw\n      publish: []\n      subscribe: []\n`);
   const aCfg = cfg("devA", `links:\n  - hub: 127.0.0.1:${port}\n    publish: ["t.>", "secret.>"]\n    subscribe: ["cmd.devA.>"]\n    start: earliest\n`);
   const bCfg = cfg("devB", `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["t.>"]\n`);
   relayPort = freePort();
@@ -130,6 +132,45 @@ describe("federation between keyop run processes", () => {
     expect((await api(hub, "GET", "/v1/channels")).channels.map((c: any) => c.channel)).not.toContain("secret.plans");
   }, 30_000);
 
+  test("a raw TLS client: an unknown CN is refused and audited; a known one sending garbage is cut off and audited; other links carry on", async () => {
+    const pki = join(dir, "pki");
+    /** Connects with `name`'s certificate, writes `bytes`, resolves with what came back once the hub closed. */
+    const rawClient = (name: string, bytes: Uint8Array) =>
+      new Promise<Uint8Array>((resolve, reject) => {
+        const got: Uint8Array[] = [];
+        const timer = setTimeout(() => reject(new Error(`hub did not close the ${name} connection`)), 10_000);
+        Bun.connect({
+          hostname: "127.0.0.1",
+          port,
+          tls: { ca: Bun.file(join(pki, "ca.crt")), cert: Bun.file(join(pki, `${name}.crt`)), key: Bun.file(join(pki, `${name}.key`)), serverName: "127.0.0.1" },
+          socket: {
+            open: (sock) => void sock.write(bytes),
+            data: (_sock, d) => void got.push(new Uint8Array(d)),
+            close: () => {
+              clearTimeout(timer);
+              resolve(Buffer.concat(got));
+            },
+            error: () => {},
+          },
+        }).catch(reject);
+      });
+    const hello = helloFrame({ versions: [1], name: "x", mode: "link", publish: [], subscribe: [], heartbeatMs: 10_000, maxBatchBytes: 1 << 20 });
+    // Refused right after the TLS handshake, before a frame is read; told why in a CLOSE frame.
+    const refusal = parseClose(new FrameDecoder(1 << 16).push(await rawClient("stranger", hello))[0]!);
+    expect(refusal).toEqual({ code: "unknown_peer", reason: 'unknown peer "stranger" (not in hub.peers)' });
+    await rawClient("raw", new TextEncoder().encode("GET / HTTP/1.1\r\nHost: hub\r\n\r\n".repeat(10)));
+    const audit = async () => (await Bun.file(join(dir, "hub-audit.log")).text()).trim().split("\n").map((l) => JSON.parse(l));
+    await waitFor(async () => (await audit()).some((e) => e.event === "malformed_frame" && e.peer === "raw"), "garbage audited");
+    const events = await audit();
+    expect(events.some((e) => e.event === "peer_rejected" && String(e.reason).includes('unknown peer "stranger"'))).toBe(true);
+    // Everyone else is still connected and messages still flow A -> hub -> B.
+    const st = await api(hub, "GET", "/v1/status");
+    expect(st.links.filter((l: any) => l.kind === "peer" && l.state === "open").map((l: any) => l.peer).sort()).toEqual(["devA", "devB", "devD", "relay"]);
+    const r = await api(devA, "POST", "/v1/channels/t.after-garbage/messages", { type: "n", payload: 1 });
+    const got = await api(devB, "GET", "/v1/channels/t.after-garbage/messages?subscriber=s&from=earliest&wait=10000");
+    expect(got.messages[0]?.id).toBe(r.id);
+  }, 60_000);
+
   test("hub down while A publishes 10,000 messages; hub back: every one arrives at B once, in order", async () => {
     hub.child.proc.kill("SIGTERM");
     await hub.child.proc.exited;
@@ -142,7 +183,10 @@ describe("federation between keyop run processes", () => {
     }
     // While the hub is down, the link's status says what waits for it.
     const waiting = (await api(devA, "GET", "/v1/status")).links[0].backlog;
-    expect(waiting).toContainEqual({ channel: "t.offline", messages: 10_000 });
+    // Nothing of the channel is acknowledged, so the backlog's bytes are the whole log's.
+    const stored = (await api(devA, "GET", "/v1/channels")).channels.find((c: any) => c.channel === "t.offline");
+    expect(stored.bytes).toBeGreaterThan(10_000 * 50);
+    expect(waiting).toContainEqual({ channel: "t.offline", messages: 10_000, bytes: stored.bytes });
     hub = await runAgent(join(dir, "hub"), ["--config", join(dir, "hub.yaml")]);
     const got = await collect(devB, "t.offline", "o", 10_000, 60_000);
     expect(got.length).toBe(10_000);
@@ -153,6 +197,7 @@ describe("federation between keyop run processes", () => {
     expect(metrics).toContain(`keyop_link_up{kind="link",target="127.0.0.1:${port}"} 1`);
     expect(metrics).toMatch(new RegExp(`keyop_link_reconnects\\{kind="link",target="127.0.0.1:${port}"\\} [1-9]`));
     expect(metrics).toContain(`keyop_federation_backlog_messages{kind="link",target="127.0.0.1:${port}",peer="hub",channel="t.offline"} 0`);
+    expect(metrics).toContain(`keyop_federation_backlog_bytes{kind="link",target="127.0.0.1:${port}",peer="hub",channel="t.offline"} 0`);
   }, 60_000);
 
   test("SIGHUP: after the files are replaced, a new connection presents the new certificate; links stay up", async () => {
