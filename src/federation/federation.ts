@@ -177,7 +177,8 @@ export class Federation {
         const peer = this.peers.get(s.peer.name)!;
         const parts = this.parts.get(s)!;
         // Down: what the peer asked for, channel by channel limited to what it may receive.
-        parts.forwarder = this.forwarder(s, s.hello!.subscribe, "latest", (c) => peer.subscribe.some((m) => m(c)));
+        // A cursor made now (the peer's first session) starts where the peer's link asked.
+        parts.forwarder = this.forwarder(s, s.hello!.subscribe, s.hello!.start ?? "latest", (c) => peer.subscribe.some((m) => m(c)));
         this.audit?.record("peer_connected", { peer: s.peer.name, fingerprint: s.peer.fingerprint });
         this.logger.info("peer connected", { peer: s.peer.name });
       },
@@ -217,6 +218,7 @@ export class Federation {
           subscribe: link.subscribe,
           heartbeatMs: this.cfg.federation.heartbeatMs,
           maxBatchBytes: this.cfg.federation.maxBatchBytes,
+          ...(link.start === "earliest" ? { start: "earliest" as const } : {}),
         }),
       ),
     );

@@ -29,6 +29,11 @@ export interface Hello {
   subscribe: string[];
   heartbeatMs: number;
   maxBatchBytes: number;
+  /**
+   * Where the hub starts a cursor it makes for this peer the first time
+   * (the link's `start`); absent means latest. Sent only when earliest.
+   */
+  start?: "earliest";
 }
 
 /** The hub's answer: the version chosen and what the peer is allowed. */
@@ -112,7 +117,9 @@ function expectType(f: Frame, t: number, what: string): Record<string, unknown> 
 
 /** Encodes a HELLO frame. */
 export function helloFrame(h: Hello): Uint8Array {
-  return encodeFrame(FrameType.HELLO, { v: h.versions, name: h.name, mode: h.mode, pub: h.publish, sub: h.subscribe, hb: h.heartbeatMs, mbb: h.maxBatchBytes });
+  const body: Record<string, unknown> = { v: h.versions, name: h.name, mode: h.mode, pub: h.publish, sub: h.subscribe, hb: h.heartbeatMs, mbb: h.maxBatchBytes };
+  if (h.start === "earliest") body.st = "earliest";
+  return encodeFrame(FrameType.HELLO, body);
 }
 
 /** Validates a HELLO. */
@@ -124,7 +131,8 @@ export function parseHello(f: Frame): Hello {
   }
   const mode = b.mode;
   if (mode !== "link" && mode !== "ephemeral") throw new FrameError('field "mode" must be "link" or "ephemeral"');
-  return {
+  if (b.st !== undefined && b.st !== "earliest" && b.st !== "latest") throw new FrameError('field "st" must be "earliest" or "latest"');
+  const hello: Hello = {
     versions: v as number[],
     name: str(b, "name", 128),
     mode,
@@ -133,6 +141,8 @@ export function parseHello(f: Frame): Hello {
     heartbeatMs: int(b, "hb", 100, 3_600_000),
     maxBatchBytes: int(b, "mbb", 1024, 64 * 1024 * 1024),
   };
+  if (b.st === "earliest") hello.start = "earliest";
+  return hello;
 }
 
 /** The highest version both sides speak, or null. */

@@ -58,6 +58,11 @@ describe("frame codec", () => {
     expect(parseClose(one(unhex(GOLDEN[6]![2])))).toEqual({ code: "bye", reason: "shutdown" });
   });
 
+  test("HELLO carries start: earliest only when asked, and reads it back", () => {
+    expect(parseHello(one(helloFrame({ ...hello, start: "earliest" })))).toEqual({ ...hello, start: "earliest" });
+    expect(hex(helloFrame({ ...hello }))).toBe(GOLDEN[0]![2]);
+  });
+
   test("the hand-written BATCH encoder gives the generic encoder's bytes at every size boundary", () => {
     const sizes = [1, 31, 32, 255, 256, 65_535, 65_536];
     const seqs = [1, 127, 128, 255, 256, 65_535, 65_536, 2 ** 32 - 1];

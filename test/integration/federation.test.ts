@@ -64,7 +64,7 @@ beforeAll(async () => {
   dir = tmpDir();
   const pki = join(dir, "pki");
   expect((await cli(["cert", "ca", "--out-dir", pki])).code).toBe(0);
-  for (const n of ["hub", "devA", "devB", "relay", "devC", "devD", "raw", "stranger"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
+  for (const n of ["hub", "devA", "devB", "relay", "devC", "devD", "raw", "stranger", "late"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
   port = freePort();
   const tls = (n: string) => `tls:\n  cert: ${pki}/${n}.crt\n  key: ${pki}/${n}.key\n  ca: ${pki}/ca.crt\n`;
   const fed = "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 1s\n";
@@ -73,7 +73,7 @@ beforeAll(async () => {
     writeFileSync(f, tls(n) + fed + `audit:\n  path: ${dir}/${n}-audit.log\n` + body);
     return f;
   };
-  const hubCfg = cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["t.>"]\n      subscribe: ["cmd.devA.>"]\n    - name: devB\n      publish: []\n      subscribe: ["t.>"]\n    - name: relay\n      publish: ["chain.>"]\n      subscribe: []\n    - name: devD\n      publish: ["t.>"]\n      subscribe: []\n    - name: raw\n      publish: []\n      subscribe: []\n`);
+  const hubCfg = cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["t.>"]\n      subscribe: ["cmd.devA.>"]\n    - name: devB\n      publish: []\n      subscribe: ["t.>"]\n    - name: relay\n      publish: ["chain.>"]\n      subscribe: []\n    - name: devD\n      publish: ["t.>"]\n      subscribe: []\n    - name: raw\n      publish: []\n      subscribe: []\n    - name: late\n      publish: []\n      subscribe: ["cmd.late.>"]\n`);
   const aCfg = cfg("devA", `links:\n  - hub: 127.0.0.1:${port}\n    publish: ["t.>", "secret.>"]\n    subscribe: ["cmd.devA.>"]\n    start: earliest\n`);
   const bCfg = cfg("devB", `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["t.>"]\n`);
   relayPort = freePort();
@@ -125,6 +125,22 @@ describe("federation between keyop run processes", () => {
     // devB was never sent devA's commands: its link asks for t.> only and the hub allows it t.> only.
     expect((await api(devB, "GET", "/v1/channels")).channels.map((c: any) => c.channel)).not.toContain("cmd.devA.reboot");
   }, 30_000);
+
+  test("a new link with start: earliest also gets what the hub stored for it before its first connection", async () => {
+    const before = [];
+    for (let i = 0; i < 3; i++) before.push((await api(hub, "POST", "/v1/channels/cmd.late.set/messages", { type: "cmd", payload: i })).id);
+    const pki = join(dir, "pki");
+    const f = join(dir, "late.yaml");
+    writeFileSync(f, `tls:\n  cert: ${pki}/late.crt\n  key: ${pki}/late.key\n  ca: ${pki}/ca.crt\nlinks:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["cmd.late.>"]\n    start: earliest\n`);
+    const late = await runAgent(join(dir, "late"), ["--config", f]);
+    try {
+      const got = await collect(late, "cmd.late.set", "s", 3, 15_000);
+      expect(got.map((m) => m.id)).toEqual(before);
+    } finally {
+      late.child.proc.kill("SIGTERM");
+      await late.child.proc.exited;
+    }
+  }, 60_000);
 
   test("a channel outside devA's publish rules is dropped at the hub and audited", async () => {
     await api(devA, "POST", "/v1/channels/secret.plans/messages", { type: "t", payload: 1 });
