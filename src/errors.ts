@@ -29,7 +29,11 @@ export type ErrorCode =
   | "shutting_down"
   | "in_use"
   | "peer_rejected"
-  | "malformed_frame";
+  | "malformed_frame"
+  | "conn_lost"
+  | "not_connected"
+  | "forbidden"
+  | "aborted";
 
 /** Base class so callers can catch every keyop error with one `instanceof`. */
 export class KeyopError extends Error {
@@ -168,5 +172,33 @@ export class InUseError extends KeyopError {
 export class PeerRejectedError extends KeyopError {
   constructor(message: string) {
     super("peer_rejected", message);
+  }
+}
+
+/** The connection to the hub dropped before the hub acknowledged: the message may or may not be stored. */
+export class ConnectionLostError extends KeyopError {
+  constructor(message: string) {
+    super("conn_lost", message);
+  }
+}
+
+/** Not connected and not reconnecting: nothing was sent. */
+export class NotConnectedError extends KeyopError {
+  constructor(message: string) {
+    super("not_connected", message);
+  }
+}
+
+/** The hub does not allow this peer to do that (publish outside its rules). */
+export class ForbiddenError extends KeyopError {
+  constructor(message: string) {
+    super("forbidden", message);
+  }
+}
+
+/** The caller's AbortSignal fired before the operation could start. */
+export class AbortedError extends KeyopError {
+  constructor(message: string) {
+    super("aborted", message);
   }
 }

@@ -18,6 +18,8 @@ export type { MessengerConfig } from "./messenger/config.ts";
 export { Subscription } from "./messenger/subscription.ts";
 export type { Handler, SubscribeOptions } from "./messenger/subscription.ts";
 export { RetryLater } from "./messenger/retry-later.ts";
+export { EphemeralMessenger } from "./federation/ephemeral.ts";
+export type { EphemeralConfig, EphemeralHandler, EphemeralPublishOptions, EphemeralPublishResult } from "./federation/ephemeral.ts";
 export { withContext, currentContext } from "./messenger/context.ts";
 export type { PublishContext } from "./messenger/context.ts";
 export type { Message } from "./envelope/envelope.ts";

@@ -23,6 +23,7 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   disk_full: 507,
   closed: 503,
   shutting_down: 503,
+  forbidden: 403,
 };
 
 /** A JSON response. */

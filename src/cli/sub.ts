@@ -7,9 +7,8 @@
  */
 import { envelopeJson } from "../envelope/json.ts";
 import type { Message } from "../envelope/envelope.ts";
-import { ApiError, LocalClient } from "../client/local-client.ts";
+import { LocalClient } from "../client/local-client.ts";
 import { fromFlag, intFlag, parseArgs, UsageError } from "./args.ts";
-import { isWildcard } from "../envelope/names.ts";
 
 /** Usage text of `keyop sub`. */
 export const SUB_USAGE = `usage: keyop sub CHANNEL --name NAME [--from earliest|latest|SEQ] [--exec CMD] [--max N] [--socket PATH]
@@ -43,34 +42,33 @@ export async function cmdSub(argv: string[]): Promise<number> {
   process.stdout.on?.("error", () => abort.abort()); // reader went away (| head): stop quietly
 
   let handled = 0;
-  let backoff = 200;
   let reported = false;
   try {
-    while (!abort.signal.aborted) {
-      try {
-        for await (const msg of client.stream(channel, name, { from, maxInflight: exec ? 1 : 100, signal: abort.signal })) {
-          backoff = 200;
-          reported = false;
-          if (exec) {
-            if (!(await runUntilSuccess(exec, msg, abort.signal))) break;
-          } else {
-            process.stdout.write(envelopeJson(msg) + "\n");
-          }
-          await client.ack(channel, name, msg.seq, isWildcard(channel) ? msg.channel : undefined);
-          if (max !== undefined && ++handled >= max) return 0;
+    // One implementation of reconnect and ack: LocalClient.subscribe.
+    const sub = client.subscribe(
+      channel,
+      name,
+      async (msg) => {
+        reported = false;
+        if (exec) {
+          if (!(await runUntilSuccess(exec, msg, abort.signal))) throw new Error("stopped");
+        } else {
+          process.stdout.write(envelopeJson(msg) + "\n");
         }
-        if (abort.signal.aborted) break;
-      } catch (err) {
-        if (abort.signal.aborted) break;
-        // A refused request (bad channel, bad name) will not get better; anything else is the
-        // agent restarting or gone for a while: reconnect, the stream resumes at the acked cursor.
-        if (err instanceof ApiError && err.status >= 400 && err.status < 500) throw err;
-        if (!reported) process.stderr.write(`keyop sub: ${err instanceof Error ? err.message : String(err)}; reconnecting\n`);
-        reported = true;
-      }
-      await Bun.sleep(backoff);
-      backoff = Math.min(backoff * 2, 5000);
-    }
+        if (max !== undefined && ++handled >= max) abort.abort();
+      },
+      {
+        from,
+        maxInflight: exec ? 1 : 100,
+        signal: abort.signal,
+        onError: (err) => {
+          // The agent restarting or gone for a while: the stream resumes at the acked cursor.
+          if (!reported) process.stderr.write(`keyop sub: ${err instanceof Error ? err.message : String(err)}; reconnecting\n`);
+          reported = true;
+        },
+      },
+    );
+    await sub.done;
     return 0;
   } finally {
     process.off("SIGINT", onSignal);

@@ -5,6 +5,7 @@
  * shape (camelCase `Message`).
  */
 import type { Message } from "../envelope/envelope.ts";
+import { isWildcard } from "../envelope/names.ts";
 import { DEFAULT_DATA_DIR, SOCKET_NAME } from "../config/schema.ts";
 
 /** The socket a client uses: explicit, else $KEYOP_SOCKET, else the default. */
@@ -57,6 +58,28 @@ export interface StreamOptions {
   maxInflight?: number;
   autoAck?: boolean;
   signal?: AbortSignal;
+}
+
+/** Options of `LocalClient.subscribe`. */
+export interface LocalSubscribeOptions {
+  /** Where a new subscriber starts (an existing one resumes at its cursor). */
+  from?: "earliest" | "latest" | number;
+  /** Messages the agent sends ahead of acks (default 100). */
+  maxInflight?: number;
+  /** Stops the subscription (`done` resolves). */
+  signal?: AbortSignal;
+  /** First delay before reconnecting (default 200 ms), doubling to `reconnectMaxMs` (default 5 s). */
+  reconnectBaseMs?: number;
+  reconnectMaxMs?: number;
+  /** Hears every error that made the stream reconnect (agent restarting, a handler that threw). */
+  onError?: (err: unknown) => void;
+}
+
+/** A running `LocalClient.subscribe`. */
+export interface LocalSubscription {
+  /** Resolves when stopped; rejects on an error retrying cannot fix (a 4xx answer: bad channel or name). */
+  done: Promise<void>;
+  stop(): void;
 }
 
 /** Converts the wire form (snake_case) to the library's `Message`. */
@@ -165,6 +188,48 @@ export class LocalClient {
   /** `GET /v1/status`. */
   status(): Promise<Record<string, unknown>> {
     return this.request("GET", "/v1/status");
+  }
+
+  /**
+   * A durable subscription over the stream, with the library's delivery
+   * rules: `handler` gets each message in order per channel; when it
+   * returns, the message is acked; when it throws, nothing more is acked,
+   * and after a backoff the stream reconnects and the message comes again
+   * (at-least-once). When the agent restarts or the socket goes away, the
+   * stream reconnects by itself and resumes at the acked cursor.
+   */
+  subscribe(channel: string, subscriber: string, handler: (msg: Message) => unknown | Promise<unknown>, opts: LocalSubscribeOptions = {}): LocalSubscription {
+    const stopper = new AbortController();
+    const signal = opts.signal ? AbortSignal.any([opts.signal, stopper.signal]) : stopper.signal;
+    const base = opts.reconnectBaseMs ?? 200;
+    const max = opts.reconnectMaxMs ?? 5000;
+    const wildcard = isWildcard(channel);
+    const done = (async () => {
+      let delay = base;
+      while (!signal.aborted) {
+        try {
+          for await (const msg of this.stream(channel, subscriber, { from: opts.from, maxInflight: opts.maxInflight ?? 100, signal })) {
+            delay = base;
+            await handler(msg);
+            // Handled is handled: acked even if a stop came meanwhile.
+            await this.ack(channel, subscriber, msg.seq, wildcard ? msg.channel : undefined);
+            if (signal.aborted) return;
+          }
+          if (signal.aborted) return;
+        } catch (err) {
+          if (signal.aborted) return;
+          // A refused request (bad channel or name) will not get better.
+          if (err instanceof ApiError && err.status >= 400 && err.status < 500) throw err;
+          opts.onError?.(err);
+        }
+        await new Promise<void>((r) => {
+          const t = setTimeout(r, delay);
+          signal.addEventListener("abort", () => (clearTimeout(t), r()), { once: true });
+        });
+        delay = Math.min(delay * 2, max);
+      }
+    })();
+    return { done, stop: () => stopper.abort() };
   }
 
   /**

@@ -18,13 +18,14 @@ import { PROTOCOL_VERSION } from "./frame.ts";
 import { closeFrame } from "./messages.ts";
 import { Receiver } from "./receiver.ts";
 import { HANDSHAKE_TIMEOUT_MS, PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
+import { backoffDelay, HEALTHY_AFTER_MS, splitHostPort } from "./dial.ts";
 
-/** A connection is "healthy" (backoff resets) after staying up this long. */
-const HEALTHY_AFTER_MS = 10_000;
+export { backoffDelay } from "./dial.ts";
+
 
 /** What `/v1/status` shows of one link or hub peer. */
 export interface LinkStatus {
-  kind: "link" | "peer";
+  kind: "link" | "peer" | "ephemeral";
   /** host:port for links, CN for hub peers. */
   target: string;
   state: "connecting" | "open" | "backoff";
@@ -45,16 +46,7 @@ interface SessionParts {
   receiver: Receiver;
 }
 
-function splitHostPort(hp: string): { hostname: string; port: number } {
-  const i = hp.lastIndexOf(":");
-  return { hostname: hp.slice(0, i).replace(/^\[|\]$/g, ""), port: Number(hp.slice(i + 1)) };
-}
 
-/** Backoff delay for attempt `n` (from 1): base doubling to max, ± jitter. */
-export function backoffDelay(n: number, baseMs: number, maxMs: number, jitter: number, rand = Math.random): number {
-  const d = Math.min(maxMs, baseMs * 2 ** Math.max(0, n - 1));
-  return Math.max(0, Math.round(d * (1 + jitter * (2 * rand() - 1))));
-}
 
 /** The federation side of an agent. */
 export class Federation {
@@ -116,7 +108,7 @@ export class Federation {
           logger: this.logger,
           authorize: (p) => (this.peers.has(p.name) ? null : `unknown peer "${p.name}" (not in hub.peers)`),
           onReject: (reason, remote) => this.audit?.record("peer_rejected", { remote, reason }),
-          farewell: (reason) => closeFrame({ code: "unknown_peer", reason }),
+          farewell: (reason, why) => closeFrame({ code: why === "unknown" ? "unknown_peer" : "peer_rejected", reason }),
         },
         sessionHandler(this.sessionOptions("hub"), this.hubEvents()),
       );
@@ -138,9 +130,9 @@ export class Federation {
     return { role, maxBody: this.cfg.federation.maxBatchBytes + 64 * 1024, heartbeatMs: this.cfg.federation.heartbeatMs, logger: this.logger, audit: this.audit };
   }
 
-  private forwarder(s: PeerSession, patterns: string[], start: "latest" | "earliest", allow?: (c: string) => boolean): Forwarder | undefined {
+  private forwarder(s: PeerSession, patterns: string[], start: "latest" | "earliest", allow?: (c: string) => boolean, volatile = false): Forwarder | undefined {
     if (patterns.length === 0) return undefined;
-    const f = new Forwarder({ messenger: this.messenger, session: s, patterns, start, allow, window: this.cfg.federation.window, maxBatchBytes: this.cfg.federation.maxBatchBytes, logger: this.logger });
+    const f = new Forwarder({ messenger: this.messenger, session: s, patterns, start, allow, volatile, window: this.cfg.federation.window, maxBatchBytes: this.cfg.federation.maxBatchBytes, logger: this.logger });
     void f.run().catch((err) => this.logger.error("forwarder stopped with an error", { peer: s.peer.name, error: String(err) }));
     return f;
   }
@@ -177,10 +169,15 @@ export class Federation {
         const peer = this.peers.get(s.peer.name)!;
         const parts = this.parts.get(s)!;
         // Down: what the peer asked for, channel by channel limited to what it may receive.
-        // A cursor made now (the peer's first session) starts where the peer's link asked.
-        parts.forwarder = this.forwarder(s, s.hello!.subscribe, s.hello!.start ?? "latest", (c) => peer.subscribe.some((m) => m(c)));
-        this.audit?.record("peer_connected", { peer: s.peer.name, fingerprint: s.peer.fingerprint });
-        this.logger.info("peer connected", { peer: s.peer.name });
+        const allowDown = (c: string) => peer.subscribe.some((m) => m(c));
+        // An ephemeral peer gets live messages only: cursors in memory, gone with the session.
+        // A link's cursor, made at its first session, starts where the link asked.
+        parts.forwarder =
+          s.hello!.mode === "ephemeral"
+            ? this.forwarder(s, s.hello!.subscribe, "latest", allowDown, true)
+            : this.forwarder(s, s.hello!.subscribe, s.hello!.start ?? "latest", allowDown);
+        this.audit?.record("peer_connected", { peer: s.peer.name, fingerprint: s.peer.fingerprint, mode: s.hello!.mode });
+        this.logger.info("peer connected", { peer: s.peer.name, mode: s.hello!.mode });
       },
     };
   }
@@ -249,7 +246,7 @@ export class Federation {
     for (const [s, p] of this.parts) {
       if (s.role !== "hub") continue;
       out.push({
-        kind: "peer",
+        kind: s.hello?.mode === "ephemeral" ? "ephemeral" : "peer",
         target: s.peer.name,
         state: s.state === "open" ? "open" : "connecting",
         peer: s.peer.name,

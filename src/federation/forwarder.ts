@@ -25,6 +25,12 @@ export interface ForwarderOptions {
   window: number;
   maxBatchBytes: number;
   logger: Logger;
+  /**
+   * Cursors in memory only, from the latest message, dropped when the
+   * forwarder stops: for ephemeral peers (live messages, no replay, no hub
+   * cursor file, nothing pinned in retention).
+   */
+  volatile?: boolean;
 }
 
 /** What a peer has not acknowledged on one channel. */
@@ -79,8 +85,14 @@ export class Forwarder {
 
   constructor(opts: ForwarderOptions) {
     this.opts = opts;
-    const name = cursorName(opts.session.peer.name);
-    this.subs = opts.patterns.map((p) => opts.messenger.openSubscriber(p, name, { from: opts.start }));
+    if (opts.volatile) {
+      // One name per session: two processes may share an ephemeral certificate.
+      const name = `_eph.${opts.session.peer.name}.${Bun.randomUUIDv7()}`;
+      this.subs = opts.patterns.map((p) => opts.messenger.openVolatileSubscriber(p, name));
+    } else {
+      const name = cursorName(opts.session.peer.name);
+      this.subs = opts.patterns.map((p) => opts.messenger.openSubscriber(p, name, { from: opts.start }));
+    }
     for (const s of this.subs) {
       s.touch(); // the peer is here: its cursors are not stale
       this.sent.set(s, s.positions());
@@ -192,6 +204,7 @@ export class Forwarder {
   stop(): void {
     this.stopped = true;
     this.poke();
+    if (this.opts.volatile) for (const sub of this.subs) this.opts.messenger.dropVolatileSubscriber(sub);
   }
 }
 

@@ -73,6 +73,8 @@ export class PeerSession {
   welcome: Welcome | undefined;
   /** Last measured round trip (PING to PONG), ms. */
   rttMs: number | undefined;
+  /** The CLOSE frame the peer ended the session with, if it sent one. */
+  peerClose: { code: string; reason: string } | undefined;
   private readonly socket: SessionSocket;
   private readonly opts: SessionOptions;
   private readonly events: SessionEvents;
@@ -214,6 +216,7 @@ export class PeerSession {
         return;
       case FrameType.CLOSE: {
         const c = parseClose(f);
+        this.peerClose = c;
         this.finish(`peer closed: ${c.code}: ${c.reason}`);
         this.socket.end();
         return;

@@ -103,6 +103,8 @@ export class Messenger {
   private readonly cfg: ResolvedConfig;
   private readonly store: LogStore;
   private readonly cursorStore: CursorStore;
+  /** Cursors of volatile subscribers (ephemeral peers): memory only. */
+  private readonly volatileHost: DurableSubscriberHost;
   private readonly subs = new Map<string, Subscription>();
   private readonly matchers = new Map<string, Matcher>();
   private readonly decoders = new Map<string, PayloadDecoder | undefined>();
@@ -142,9 +144,24 @@ export class Messenger {
       },
       noteFailed: (channel) => self.countersOf(channel).failed++,
     };
-    this.readerHost = {
+    this.readerHost = this.readerHostFor(cursors);
+    this.volatileHost = this.readerHostFor(CursorStore.memory(cfg.logger));
+    store.onChannelCreated((log) => {
+      this.matchCache.clear();
+      for (const sub of this.subs.values()) if (this.matcher(sub.pattern)(log.name)) sub.attach(log);
+      for (const w of [...this.channelWatchers]) if (this.matcher(w.pattern)(log.name)) w.fn();
+    });
+    if (cfg.retention.maxAgeMs !== undefined || cfg.retention.maxBytes !== undefined) {
+      this.retentionTimer = setInterval(() => void this.runRetention().catch(() => {}), cfg.retentionCheckMs);
+      this.retentionTimer.unref?.();
+    }
+  }
+
+  private readerHostFor(cursors: CursorStore): DurableSubscriberHost {
+    const self = this;
+    return {
       cursors,
-      logger: cfg.logger,
+      logger: this.cfg.logger,
       matchingLogs: (pattern) => self.matchingLogs(pattern),
       onMatchingChannel: (pattern, fn) => {
         const w = { pattern, fn };
@@ -158,15 +175,6 @@ export class Messenger {
       },
       noteAcked: (channel, count) => void (self.countersOf(channel).acked += count),
     };
-    store.onChannelCreated((log) => {
-      this.matchCache.clear();
-      for (const sub of this.subs.values()) if (this.matcher(sub.pattern)(log.name)) sub.attach(log);
-      for (const w of [...this.channelWatchers]) if (this.matcher(w.pattern)(log.name)) w.fn();
-    });
-    if (cfg.retention.maxAgeMs !== undefined || cfg.retention.maxBytes !== undefined) {
-      this.retentionTimer = setInterval(() => void this.runRetention().catch(() => {}), cfg.retentionCheckMs);
-      this.retentionTimer.unref?.();
-    }
   }
 
   /**
@@ -326,15 +334,15 @@ export class Messenger {
   }
 
   /** A new durable subscriber positioned per `from` on the channels that exist now. */
-  private createSubscriber(pattern: string, name: string, from: StartFrom): CursorState {
-    const state = this.cursorStore.create(pattern, name, from);
+  private createSubscriber(pattern: string, name: string, from: StartFrom, store = this.cursorStore): CursorState {
+    const state = store.create(pattern, name, from);
     for (const log of this.matchingLogs(pattern)) {
       const start = from === "latest" ? log.nextSeq : from === "earliest" ? log.firstSeq : Math.max(from, log.firstSeq);
-      this.cursorStore.set(state, log.name, start);
+      store.set(state, log.name, start);
     }
     // Channels created from now on start at their beginning.
     state.from = typeof from === "number" ? from : "earliest";
-    this.cfg.logger.info("subscriber created", { subscriber: name, pattern, from });
+    if (store === this.cursorStore) this.cfg.logger.info("subscriber created", { subscriber: name, pattern, from });
     return state;
   }
 
@@ -362,6 +370,27 @@ export class Messenger {
     const handle = new DurableSubscriber(this.readerHost, state);
     this.readers.set(key, handle);
     return handle;
+  }
+
+  /**
+   * A subscriber whose cursors live in this process's memory only, starting
+   * at the latest message: nothing is written, it is not listed among the
+   * subscribers and it pins nothing in retention. For ephemeral federation
+   * peers, which get live messages and no replay. Drop it with
+   * `dropVolatileSubscriber` when the peer goes.
+   */
+  openVolatileSubscriber(pattern: string, name: string): DurableSubscriber {
+    if (this.state !== "open") throw new ClosedError();
+    assertPattern(pattern);
+    assertName(name);
+    const store = this.volatileHost.cursors;
+    const state = store.get(pattern, name) ?? this.createSubscriber(pattern, name, "latest", store);
+    return new DurableSubscriber(this.volatileHost, state);
+  }
+
+  /** Forgets a subscriber made by `openVolatileSubscriber`. */
+  dropVolatileSubscriber(sub: DurableSubscriber): void {
+    void this.volatileHost.cursors.delete(sub.pattern, sub.name);
   }
 
   /**

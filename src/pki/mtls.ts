@@ -41,6 +41,13 @@ export interface MtlsHandler<T> {
 /** Called for every refused peer (the audit trail hooks in here). */
 export type RejectHook = (reason: string, remote: string) => void;
 
+/**
+ * What to tell a peer that is refused after the TLS handshake: `unknown`, a
+ * valid certificate whose name the application does not accept;
+ * `unverified`, a certificate that failed verification.
+ */
+export type Farewell = (reason: string, why: "unknown" | "unverified") => Uint8Array;
+
 /** Decides whether a verified peer may stay; returns a reason to refuse it, or null. */
 export type AuthorizeHook = (peer: PeerIdentity) => string | null;
 
@@ -51,7 +58,7 @@ function socketHandlers<T>(
   logger: Logger,
   onReject?: RejectHook,
   authorize?: AuthorizeHook,
-  farewell?: (reason: string) => Uint8Array,
+  farewell?: Farewell,
 ) {
   const reject = (s: MtlsSocket<T>, reason: string, say?: Uint8Array) => {
     logger.warn("tls peer rejected", { remote: s.remoteAddress, reason });
@@ -82,7 +89,7 @@ function socketHandlers<T>(
           if (s.data.closed) return;
           const refused = authorize?.(peer);
           // A verified peer that is not welcome is told why; one that failed verification is not.
-          if (refused) return reject(s, refused, farewell?.(refused));
+          if (refused) return reject(s, refused, farewell?.(refused, "unknown"));
           s.data.peer = peer;
           try {
             handler.open(s, peer);
@@ -97,7 +104,8 @@ function socketHandlers<T>(
         },
         (e) => {
           clearTimeout(s.data.timer);
-          reject(s, e instanceof PeerRejectedError ? e.message : `verification failed: ${String(e)}`);
+          const reason = e instanceof PeerRejectedError ? e.message : `verification failed: ${String(e)}`;
+          reject(s, reason, farewell?.(reason, "unverified"));
         },
       );
     },
@@ -138,8 +146,8 @@ export interface MtlsServerOptions {
   onReject?: RejectHook;
   /** Refuses verified peers the application does not know (e.g. a CN not in hub.peers). */
   authorize?: AuthorizeHook;
-  /** Bytes written to a peer `authorize` refused, before the connection ends (the protocol's CLOSE). */
-  farewell?: (reason: string) => Uint8Array;
+  /** Bytes written to a refused peer before the connection ends (the protocol's CLOSE), so it knows retrying is pointless. */
+  farewell?: Farewell;
 }
 
 /**

@@ -60,6 +60,15 @@ export class CursorStore {
     }
   }
 
+  /**
+   * A store that keeps cursors in memory only: for federation peers that
+   * must leave nothing behind (ephemeral clients get live messages and no
+   * replay, and pin nothing in retention). Nothing is ever written.
+   */
+  static memory(logger: Logger): CursorStore {
+    return new CursorStore("", logger, 0);
+  }
+
   /** Loads every cursor file in `dir` (created if missing). */
   static async open(dir: string, logger: Logger, flushMs = 100): Promise<CursorStore> {
     await mkdir(dir, { recursive: true });
@@ -133,6 +142,7 @@ export class CursorStore {
     if (!this.states.delete(key)) return false;
     this.dirty.delete(key);
     await this.flushing;
+    if (this.dir === "") return true;
     await unlink(join(this.dir, cursorFileName(pattern, name))).catch(() => {});
     await fsyncDir(this.dir).catch(() => {});
     return true;
@@ -145,6 +155,7 @@ export class CursorStore {
   }
 
   private async flushDirty(): Promise<void> {
+    if (this.dir === "") return this.dirty.clear();
     if (this.dirty.size === 0) return;
     const keys = [...this.dirty];
     this.dirty.clear();

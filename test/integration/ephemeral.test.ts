@@ -1,0 +1,164 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { readdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { EphemeralMessenger, type Message } from "../../src/index.ts";
+import { KeyopError } from "../../src/errors.ts";
+import { silentLogger } from "../../src/observability/logger.ts";
+import { tmpDir, waitFor } from "../helpers.ts";
+import { cli, runAgent, type AgentProc } from "./agent-process.ts";
+import { FaultProxy } from "./fault-proxy.ts";
+
+/** A free loopback port (bound and released; fine on a test machine). */
+function freePort(): number {
+  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const p = l.port;
+  l.stop(true);
+  return p;
+}
+
+const api = (a: AgentProc, method: string, path: string, body?: unknown) =>
+  fetch(`http://k${path}`, { method, body: body === undefined ? undefined : JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit).then((r) => r.json() as Promise<any>);
+
+let dir: string;
+let pki: string;
+let port: number;
+let hub: AgentProc;
+let hubCfg: string;
+const open: EphemeralMessenger[] = [];
+
+const files = (name: string) => ({ cert: join(pki, `${name}.crt`), key: join(pki, `${name}.key`), ca: join(pki, "ca.crt") });
+
+/** An ephemeral client closed after the file. */
+function client(name: string, extra: Partial<ConstructorParameters<typeof EphemeralMessenger>[0]> = {}, target = `127.0.0.1:${port}`): EphemeralMessenger {
+  const em = new EphemeralMessenger({ hub: target, tls: files(name), logger: silentLogger, reconnectBaseMs: 100, reconnectMaxMs: 500, heartbeatMs: 500, ...extra });
+  open.push(em);
+  return em;
+}
+
+async function startHub(): Promise<void> {
+  hub = await runAgent(join(dir, "hub"), ["--config", hubCfg]);
+}
+
+async function stopHub(signal: "SIGTERM" | "SIGKILL" = "SIGTERM"): Promise<void> {
+  hub.child.proc.kill(signal);
+  await hub.child.proc.exited;
+}
+
+beforeAll(async () => {
+  dir = tmpDir();
+  pki = join(dir, "pki");
+  expect((await cli(["cert", "ca", "--out-dir", pki])).code).toBe(0);
+  for (const n of ["hub", "svc", "dash", "stranger"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
+  port = freePort();
+  hubCfg = join(dir, "hub.yaml");
+  writeFileSync(
+    hubCfg,
+    `tls:\n  cert: ${pki}/hub.crt\n  key: ${pki}/hub.key\n  ca: ${pki}/ca.crt\nfederation:\n  heartbeat_ms: 500ms\naudit:\n  path: ${dir}/audit.log\n` +
+      `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: svc\n      publish: ["orders.>", "live.>"]\n      subscribe: ["live.>"]\n    - name: dash\n      publish: []\n      subscribe: ["live.>"]\n`,
+  );
+  await startHub();
+}, 60_000);
+
+afterAll(async () => {
+  for (const em of open) await em.close().catch(() => {});
+  hub.child.proc.kill("SIGTERM");
+  await hub.child.proc.exited;
+});
+
+describe("EphemeralMessenger against a keyop hub process", () => {
+  test("publish resolves once the hub stored the message: origin and route name the client", async () => {
+    const em = client("svc");
+    await em.connect();
+    expect(em.name).toBe("svc");
+    const results = await Promise.all(Array.from({ length: 50 }, (_, i) => em.publish("orders.new", "order", { n: i }, { correlationId: "c-1" })));
+    const stored = await api(hub, "GET", "/v1/channels/orders.new/messages?subscriber=check&from=earliest&max=100");
+    expect(stored.messages.map((m: any) => m.id)).toEqual(results.map((r) => r.id));
+    expect(stored.messages[0]).toMatchObject({ origin: "svc", route: ["svc", "hub"], type: "order", correlation_id: "c-1", payload: { n: 0 } });
+    // Outside the hub's rules for svc: refused here, typed, before anything is sent.
+    const err = await em.publish("secret.x", "t", 1).catch((e) => e);
+    expect(err).toBeInstanceOf(KeyopError);
+    expect(err.code).toBe("forbidden");
+    await em.close();
+  });
+
+  test("live subscribe: no echo of its own publishes, nothing replayed after a reconnect, no cursor file at the hub", async () => {
+    const got: Message[] = [];
+    const dash = client("dash", { subscribe: ["live.>"], autoReconnect: true });
+    dash.subscribe("live.>", (m) => void got.push(m));
+    await dash.connect();
+    const svc = client("svc", { subscribe: ["live.>"] });
+    const svcGot: Message[] = [];
+    svc.subscribe("live.>", (m) => void svcGot.push(m));
+    await svc.connect();
+    const first = await svc.publish("live.temp", "t", 1);
+    await waitFor(() => got.some((m) => m.id === first.id), "dash gets the live message");
+    // Nothing is stored at an ephemeral client, so its name is not added to the route.
+    expect(got[0]).toMatchObject({ channel: "live.temp", origin: "svc", route: ["svc", "hub"], payload: 1 });
+    // A message from elsewhere after svc's own: when it has arrived at svc, svc's own would have come before it.
+    const marker = await api(hub, "POST", "/v1/channels/live.temp/messages", { type: "marker", payload: 0 });
+    await waitFor(() => svcGot.some((m) => m.id === marker.id), "svc gets the hub's marker");
+    expect(svcGot.map((m) => m.id)).toEqual([marker.id]);
+    // No cursor of either ephemeral peer is kept at the hub.
+    expect(readdirSync(join(hub.dataDir, "subscribers")).filter((f) => f.includes("svc") || f.includes("dash") || f.includes("_eph"))).toEqual([]);
+    expect((await api(hub, "GET", "/v1/status")).links.filter((l: any) => l.kind === "ephemeral").map((l: any) => l.peer).sort()).toEqual(["dash", "svc"]);
+    await svc.close();
+
+    // The hub restarts; what is published while dash is away is never delivered to it.
+    await stopHub();
+    await waitFor(() => !dash.connected, "dash notices the hub is gone");
+    await startHub();
+    const missed = await api(hub, "POST", "/v1/channels/live.temp/messages", { type: "while-away", payload: 1 });
+    await waitFor(() => dash.connected, "dash reconnects by itself", 15_000);
+    const after = await api(hub, "POST", "/v1/channels/live.temp/messages", { type: "after", payload: 2 });
+    await waitFor(() => got.some((m) => m.id === after.id), "dash gets what came after the reconnect");
+    expect(got.some((m) => m.id === missed.id)).toBe(false);
+    expect(dash.connects).toBe(2);
+    expect(readdirSync(join(hub.dataDir, "subscribers")).filter((f) => f.includes("dash") || f.includes("_eph"))).toEqual([]);
+  }, 60_000);
+
+  test("the hub killed mid-publish: unacknowledged publishes reject with conn_lost; with autoReconnect later ones go through", async () => {
+    const proxy = new FaultProxy(port);
+    try {
+      const em = client("svc", { autoReconnect: true }, `127.0.0.1:${proxy.port}`);
+      await em.connect();
+      await em.publish("orders.new", "order", "before");
+      // The path goes silent: these are sent and never acknowledged; then the hub dies.
+      proxy.blackholed = true;
+      const pending = Array.from({ length: 20 }, (_, i) => em.publish("orders.new", "order", { lost: i }).then((r) => r, (e) => e));
+      await Bun.sleep(50);
+      await stopHub("SIGKILL");
+      proxy.cut();
+      proxy.blackholed = false;
+      const outcomes = await Promise.all(pending);
+      expect(outcomes.every((o) => o instanceof KeyopError && o.code === "conn_lost")).toBe(true);
+      await startHub();
+      const r = await em.publish("orders.new", "order", "after restart");
+      const stored = await api(hub, "GET", "/v1/channels/orders.new/messages?subscriber=after&from=earliest&max=1000");
+      expect(stored.messages.some((m: any) => m.id === r.id)).toBe(true);
+    } finally {
+      proxy.stop();
+    }
+  }, 60_000);
+
+  test("without autoReconnect a dropped connection fails what is queued with not_connected", async () => {
+    const em = client("svc");
+    await em.connect();
+    await stopHub();
+    await waitFor(() => !em.connected, "the drop is noticed");
+    const err = await em.publish("orders.new", "order", 1).catch((e) => e);
+    expect(err.code).toBe("not_connected");
+    await startHub();
+  }, 30_000);
+
+  test("a certificate the hub does not allow: connect rejects with peer_rejected, onFatal is called, no retries", async () => {
+    const fatal: KeyopError[] = [];
+    const em = client("stranger", { autoReconnect: true, onFatal: (e) => fatal.push(e) });
+    const err = await em.connect().catch((e) => e);
+    expect(err).toBeInstanceOf(KeyopError);
+    expect(err.code).toBe("peer_rejected");
+    expect(err.message).toContain("unknown_peer");
+    expect(fatal.map((e) => e.code)).toEqual(["peer_rejected"]);
+    expect(em.connects).toBe(0);
+    await waitFor(async () => (await Bun.file(join(dir, "audit.log")).text()).includes('unknown peer \\"stranger\\"'), "refusal audited");
+  }, 30_000);
+});
