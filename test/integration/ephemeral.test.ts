@@ -150,6 +150,27 @@ describe("EphemeralMessenger against a keyop hub process", () => {
     await startHub();
   }, 30_000);
 
+  test("a full queue makes publish wait; its AbortSignal gives up; close() fails what is still queued", async () => {
+    // Nothing listens there: connect keeps retrying in the background and nothing is sent.
+    const em = client("svc", { autoReconnect: true, queueSize: 2 }, `127.0.0.1:${freePort()}`);
+    const connecting = em.connect().catch((e) => e);
+    await waitFor(() => {
+      try {
+        return em.name === "svc";
+      } catch {
+        return false;
+      }
+    }, "certificate loaded");
+    const queued = [em.publish("orders.new", "o", 1).catch((e) => e), em.publish("orders.new", "o", 2).catch((e) => e)];
+    const ctl = new AbortController();
+    const waiting = em.publish("orders.new", "o", 3, { signal: ctl.signal }).catch((e) => e);
+    ctl.abort();
+    expect((await waiting).code).toBe("aborted");
+    await em.close();
+    expect((await Promise.all(queued)).map((e) => e.code)).toEqual(["closed", "closed"]);
+    expect((await connecting).code).toBe("closed");
+  });
+
   test("a certificate the hub does not allow: connect rejects with peer_rejected, onFatal is called, no retries", async () => {
     const fatal: KeyopError[] = [];
     const em = client("stranger", { autoReconnect: true, onFatal: (e) => fatal.push(e) });
