@@ -75,6 +75,6 @@ export async function main(argv: string[]): Promise<number> {
 }
 
 if (import.meta.main) {
-  const code = await main(process.argv.slice(2));
-  process.exit(code);
+  // No top-level await: the compiled binary is built with --bytecode, which needs none.
+  void main(process.argv.slice(2)).then((code) => process.exit(code));
 }
