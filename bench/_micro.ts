@@ -1,0 +1,23 @@
+import { decodeEnvelope, encodeEnvelope } from "../src/envelope/envelope.ts";
+import { batchFrame, parseBatch } from "../src/federation/messages.ts";
+import { FrameDecoder } from "../src/federation/frame.ts";
+import { encodeRecords } from "../src/store/record.ts";
+const N = 3137;
+const bodies = Array.from({ length: N }, (_, i) => encodeEnvelope({ id: Bun.randomUUIDv7(), ts: Date.now(), channel: "t.backlog", origin: "devA", type: "n", route: ["devA"], payload: "y".repeat(200) }));
+function time(name: string, f: () => void, reps = 20) { f(); const t = performance.now(); for (let i = 0; i < reps; i++) f(); const per = (performance.now() - t) / reps / N * 1000; console.log(name.padEnd(28), per.toFixed(2), "µs/record"); }
+time("decodeEnvelope", () => { for (let i = 0; i < N; i++) decodeEnvelope(bodies[i]!, i + 1); });
+const msgs = bodies.map((b, i) => decodeEnvelope(b, i + 1));
+time("encodeEnvelope", () => { for (const m of msgs) encodeEnvelope({ ...m, route: [...m.route, "hub"] }); });
+const seqs = bodies.map((_, i) => i + 1);
+time("batchFrame", () => { batchFrame({ batch: 1, channel: "t.backlog", seqs, records: bodies }); });
+const frame = batchFrame({ batch: 1, channel: "t.backlog", seqs, records: bodies });
+time("decode frame+parseBatch", () => { const d = new FrameDecoder(4 << 20); for (const f of d.push(frame)) parseBatch(f); });
+time("encodeRecords", () => { encodeRecords(1, bodies); });
+const big = new Uint8Array(2 << 20); let at = 0; const views = bodies.map((b) => { big.set(b, at); const v = big.subarray(at, at + b.length); at += b.length; return v; });
+time("decodeEnvelope (subarray of 2MiB)", () => { for (let i = 0; i < N; i++) decodeEnvelope(views[i]!, i + 1); });
+const copies = views.map((v) => v.slice());
+time("decodeEnvelope (copied)", () => { for (let i = 0; i < N; i++) decodeEnvelope(copies[i]!, i + 1); });
+import { routeEntry, scanEnvelope, withRoute } from "../src/envelope/scan.ts";
+time("scanEnvelope", () => { for (let i = 0; i < N; i++) scanEnvelope(views[i]!); });
+const e = routeEntry("hub"); const vs = views.map((v) => scanEnvelope(v));
+time("withRoute", () => { for (let i = 0; i < N; i++) withRoute(views[i]!, vs[i]!, e); });

@@ -1,0 +1,150 @@
+/**
+ * Three `keyop run` processes (device A, hub, device B) with links over
+ * mutual TLS, and the helpers to drive them: shared by the federation
+ * benchmark and the comparison with Mosquitto and NATS.
+ */
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { createCa, issueCert } from "../src/pki/certs.ts";
+import { RawHttp } from "./raw-http.ts";
+
+export const MAIN = join(import.meta.dir, "..", "src", "main.ts");
+const CLIENTS = 100;
+
+/** A `keyop run` child and its API socket. */
+export interface Proc {
+  proc: ReturnType<typeof Bun.spawn>;
+  socket: string;
+}
+
+/** Starts `keyop run` with `yaml` (plus data dir, socket and log level) and waits for its socket. */
+export async function start(dir: string, name: string, yaml: string, sync = "always"): Promise<Proc> {
+  const cfg = join(dir, `${name}.yaml`);
+  const socket = join(dir, `${name}.sock`);
+  writeFileSync(cfg, `storage:\n  data_dir: ${join(dir, name)}\n  sync: ${sync}\napi:\n  socket: ${socket}\nlog:\n  level: warn\n${yaml}`);
+  const proc = Bun.spawn([process.execPath, MAIN, "run", "--config", cfg], { stdout: "ignore", stderr: "inherit" });
+  const deadline = Date.now() + 20_000;
+  while (Date.now() < deadline) {
+    try {
+      if ((await fetch("http://k/healthz", { unix: socket } as RequestInit)).ok) return { proc, socket };
+    } catch {
+      // not yet
+    }
+    await Bun.sleep(20);
+  }
+  throw new Error(`${name} did not start`);
+}
+
+/** Stops an agent (SIGTERM) and waits for it. */
+export async function stop(p: Proc): Promise<void> {
+  p.proc.kill("SIGTERM");
+  await p.proc.exited;
+}
+
+/** The agent's /v1/status. */
+export async function status(p: Proc): Promise<any> {
+  return (await fetch("http://k/v1/status", { unix: p.socket } as RequestInit)).json();
+}
+
+/** Messages stored on `channel` at `p`. */
+export async function channelMessages(p: Proc, channel: string): Promise<number> {
+  const list = ((await (await fetch("http://k/v1/channels", { unix: p.socket } as RequestInit)).json()) as { channels: { channel: string; messages: number }[] }).channels;
+  return list.find((c) => c.channel === channel)?.messages ?? 0;
+}
+
+/** Polls `cond` every 20 ms until true; throws after `ms`. */
+export async function until(what: string, cond: () => Promise<boolean>, ms = 60_000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`timed out: ${what}`);
+    await Bun.sleep(20);
+  }
+}
+
+/** Counts NDJSON stream lines of `channel` on `p` (auto-acked), calling `each` per message. */
+export function streamCount(p: Proc, channel: string, each: (m: any) => void): { stop: () => void } {
+  const ctl = new AbortController();
+  void (async () => {
+    const res = await fetch(`http://k/v1/channels/${channel}/stream?subscriber=bench&from=earliest&auto_ack=true`, { unix: p.socket, signal: ctl.signal } as RequestInit);
+    const dec = new TextDecoder();
+    let rest = "";
+    try {
+      for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
+        rest += dec.decode(chunk, { stream: true });
+        const lines = rest.split("\n");
+        rest = lines.pop()!;
+        for (const l of lines) if (l) each(JSON.parse(l));
+      }
+    } catch {
+      // aborted
+    }
+  })();
+  return { stop: () => ctl.abort() };
+}
+
+/**
+ * Publishes `total` messages to `channel` at `rate` per second over `conns`
+ * (as many requests in flight as connections at most), each carrying its
+ * wall-clock send time in `payload.t`.
+ */
+export async function paced(conns: RawHttp[], total: number, rate = 1000, channel = "t.lat"): Promise<void> {
+  const t0 = performance.now();
+  let sent = 0;
+  const inflight: Promise<unknown>[] = [];
+  while (sent < total) {
+    const due = Math.min(total, Math.floor(((performance.now() - t0) * rate) / 1000) + 1);
+    while (sent < due) {
+      const c = conns[sent % conns.length]!;
+      const body = JSON.stringify({ type: "n", payload: { t: performance.timeOrigin + performance.now(), pad: "x".repeat(200) } });
+      inflight.push(c.send(RawHttp.request("POST", `/v1/channels/${channel}/messages`, body)));
+      sent++;
+      if (inflight.length >= conns.length) await Promise.all(inflight.splice(0));
+    }
+    // Sleep until the next message is due (a sub-millisecond sleep spins and took a core from the agents).
+    await Bun.sleep(Math.max(1, t0 + (sent * 1000) / rate - performance.now()));
+  }
+  await Promise.all(inflight);
+}
+
+
+/** Three agents linked A -> hub -> B on channels `pattern`, and what it takes to restart the hub. */
+export interface Trio {
+  dir: string;
+  port: number;
+  hub: Proc;
+  devA: Proc;
+  devB: Proc;
+  hubYaml: string;
+  /** Storage sync mode of all three. */
+  sync: string;
+}
+
+/**
+ * Makes a CA and certificates (hub, devA, devB and `extraPeers` more names,
+ * allowed nothing), starts the hub and both devices with `sync` on every
+ * hop, and waits until both links are open.
+ */
+export async function startTrio(dir: string, opts: { pattern?: string; extraPeers?: string[]; sync?: string } = {}): Promise<Trio> {
+  const pattern = opts.pattern ?? "t.>";
+  const extra = opts.extraPeers ?? [];
+  const ca = await createCa();
+  writeFileSync(join(dir, "ca.crt"), ca.certPem);
+  for (const n of ["hub", "devA", "devB", ...extra]) {
+    const c = await issueCert(ca, { name: n, ip: ["127.0.0.1"] });
+    writeFileSync(join(dir, `${n}.crt`), c.certPem);
+    writeFileSync(join(dir, `${n}.key`), c.keyPem);
+  }
+  const storage = opts.sync ?? "always";
+  const tls = (n: string) => `tls:\n  cert: ${dir}/${n}.crt\n  key: ${dir}/${n}.key\n  ca: ${dir}/ca.crt\n`;
+  const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const port = probe.port;
+  probe.stop(true);
+  const peers = [`    - name: devA\n      publish: ['${pattern}']\n      subscribe: []`, `    - name: devB\n      publish: []\n      subscribe: ['${pattern}']`, ...extra.map((n) => `    - name: ${n}\n      publish: []\n      subscribe: []`)];
+  const hubYaml = tls("hub") + `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers.join("\n")}\n`;
+  const fedOpts = "federation:\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n";
+  const hub = await start(dir, "hub", hubYaml, storage);
+  const devA = await start(dir, "devA", tls("devA") + fedOpts + `links:\n  - hub: 127.0.0.1:${port}\n    publish: ['${pattern}']\n    subscribe: []\n`, storage);
+  const devB = await start(dir, "devB", tls("devB") + fedOpts + `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ['${pattern}']\n`, storage);
+  await until("links open", async () => (await status(devA)).links[0]?.state === "open" && (await status(devB)).links[0]?.state === "open");
+  return { dir, port, hub, devA, devB, hubYaml, sync: storage };
+}
