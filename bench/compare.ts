@@ -1,0 +1,663 @@
+/**
+ * `npm run bench:compare`: keyop side by side with Mosquitto and NATS on this
+ * machine, in one run, with one client harness (this process), every server
+ * on loopback with its config from bench/configs/. Installs what is missing
+ * (Debian mosquitto and nats-server), stops everything it started, prints a
+ * table, writes bench/results/<date>-compare.json and one SVG chart per
+ * workload. `--quick` shortens every workload.
+ *
+ * Durability as measured: keyop `sync: always` (fdatasync before the ack)
+ * and `sync: none`; Mosquitto QoS 1 with persistence on (a periodic
+ * snapshot, no fsync per message); NATS JetStream on file storage at its
+ * default sync (written to the OS on every publish, fsynced every 2 min).
+ */
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import mqtt, { type IClientOptions, type MqttClient } from "mqtt";
+import { connect as natsConnect, StorageType, type NatsConnection } from "nats";
+import { rssOf, anonOf, startAgent, publishRate } from "./api.ts";
+import { paced, start, startTrio, stop, streamCount, until, type Proc } from "./fed-lib.ts";
+import { printTable, quantile, writeResults, type Row } from "./lib.ts";
+import { RawHttp } from "./raw-http.ts";
+import { barChart, type Bar } from "./svg.ts";
+
+const quick = process.argv.includes("--quick");
+const SECS = quick ? 2 : 5;
+const LAT_SECS = quick ? 3 : 10;
+const BACKLOG = quick ? 10_000 : 50_000;
+const CRASH = 10_000;
+const PAYLOAD = "x".repeat(256);
+const CONFIGS = join(import.meta.dir, "configs");
+const root = mkdtempSync(join(process.env.KEYOP_BENCH_DIR ?? tmpdir(), "keyop-compare-"));
+const started = new Set<ReturnType<typeof Bun.spawn>>();
+const rows: Row[] = [];
+const charts: Record<string, Bar[]> = { ingest: [], latency: [], backlog: [], crash: [], resources: [] };
+
+// ---------- plumbing ----------
+
+/** apt-get installs the Debian packages whose commands are missing. */
+function ensureInstalled(): void {
+  const need: string[] = [];
+  if (!Bun.which("mosquitto") && !Bun.which("mosquitto", { PATH: "/usr/sbin" })) need.push("mosquitto");
+  if (!Bun.which("nats-server") && !Bun.which("nats-server", { PATH: "/usr/sbin:/usr/bin" })) need.push("nats-server");
+  if (need.length === 0) return;
+  console.log(`installing ${need.join(", ")} (apt-get)`);
+  Bun.spawnSync(["apt-get", "update", "-qq"], { stdout: "ignore", stderr: "inherit" });
+  const r = Bun.spawnSync(["apt-get", "install", "-y", "-qq", ...need], { stdout: "ignore", stderr: "inherit" });
+  if (r.exitCode !== 0) throw new Error(`apt-get install ${need.join(" ")} failed`);
+}
+
+const bin = (name: string) => Bun.which(name, { PATH: `/usr/sbin:/usr/bin:${process.env.PATH}` }) ?? name;
+
+function freePort(): number {
+  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const p = l.port;
+  l.stop(true);
+  return p;
+}
+
+/** A config from bench/configs with {{KEY}} filled in, written to `path`. */
+function config(template: string, vars: Record<string, string | number>, path: string, append = ""): string {
+  let text = readFileSync(join(CONFIGS, template), "utf8");
+  for (const [k, v] of Object.entries(vars)) text = text.replaceAll(`{{${k}}}`, String(v));
+  writeFileSync(path, text + append);
+  return path;
+}
+
+async function waitPort(port: number, what: string): Promise<void> {
+  await until(`${what} listening on ${port}`, async () => {
+    try {
+      const s = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {} } });
+      s.end();
+      return true;
+    } catch {
+      return false;
+    }
+  }, 20_000);
+}
+
+interface Server {
+  proc: ReturnType<typeof Bun.spawn>;
+  port: number;
+}
+
+async function server(cmd: string[], port: number, what: string): Promise<Server> {
+  const proc = Bun.spawn(cmd, { stdout: "ignore", stderr: "ignore" });
+  started.add(proc);
+  await waitPort(port, what);
+  return { proc, port };
+}
+
+async function kill(s: { proc: ReturnType<typeof Bun.spawn> }, signal: "SIGTERM" | "SIGKILL" = "SIGTERM"): Promise<void> {
+  s.proc.kill(signal);
+  await s.proc.exited;
+  started.delete(s.proc);
+}
+
+function dir(name: string): string {
+  const d = join(root, name);
+  mkdirSync(d, { recursive: true });
+  return d;
+}
+
+const mosquitto = async (name: string, append = "", port = freePort()): Promise<Server & { conf: string }> => {
+  const d = dir(name);
+  const conf = config("mosquitto.conf", { PORT: port, DIR: d }, join(d, "mosquitto.conf"), append);
+  return { ...(await server([bin("mosquitto"), "-c", conf], port, `mosquitto ${name}`)), conf };
+};
+
+const natsJs = async (name: string, port = freePort()): Promise<Server & { conf: string }> => {
+  const d = dir(name);
+  const conf = config("nats-js.conf", { PORT: port, DIR: join(d, "js") }, join(d, "nats.conf"));
+  return { ...(await server([bin("nats-server"), "-c", conf], port, `nats ${name}`)), conf };
+};
+
+/** CPU seconds (user + system) of a process so far. */
+function cpuOf(pid: number): number {
+  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+  return (Number(f[11]) + Number(f[12])) / 100;
+}
+
+/** `n` concurrent loops calling `fn` for `secs`; operations per second. */
+async function workers(n: number, secs: number, fn: () => Promise<unknown>): Promise<number> {
+  const t0 = performance.now();
+  const end = t0 + secs * 1000;
+  let count = 0;
+  await Promise.all(
+    Array.from({ length: n }, async () => {
+      while (performance.now() < end) {
+        await fn();
+        count++;
+      }
+    }),
+  );
+  return count / ((performance.now() - t0) / 1000);
+}
+
+/** `n` concurrent loops calling `fn` until `total` succeeded. */
+async function untilCount(n: number, total: number, fn: () => Promise<unknown>): Promise<void> {
+  let issued = 0;
+  await Promise.all(
+    Array.from({ length: n }, async () => {
+      while (issued < total) {
+        issued++;
+        await fn();
+      }
+    }),
+  );
+}
+
+/** Calls `send(i)` at `rate` per second, `total` times, at most `inflight` unresolved at once. */
+async function pace(rate: number, total: number, inflight: number, send: (i: number) => Promise<unknown> | void): Promise<void> {
+  const t0 = performance.now();
+  let sent = 0;
+  const pending = new Set<Promise<unknown>>();
+  while (sent < total) {
+    const due = Math.min(total, Math.floor(((performance.now() - t0) * rate) / 1000) + 1);
+    while (sent < due) {
+      const p = send(sent++);
+      if (p) {
+        const q: Promise<unknown> = p.then(() => pending.delete(q));
+        pending.add(q);
+        if (pending.size >= inflight) await Promise.race(pending);
+      }
+    }
+    await Bun.sleep(Math.max(1, t0 + (sent * 1000) / rate - performance.now()));
+  }
+  await Promise.all(pending);
+}
+
+/** Waits until `count()` reaches `want`, or stops growing for `idleMs` (then some were lost). */
+async function arrivals(count: () => number | Promise<number>, want: number, idleMs: number, maxMs: number): Promise<{ got: number; ms: number }> {
+  const t0 = performance.now();
+  let last = -1;
+  let lastChange = t0;
+  while (true) {
+    const got = await count();
+    const now = performance.now();
+    if (got !== last) {
+      last = got;
+      lastChange = now;
+    }
+    if (got >= want || now - lastChange > idleMs || now - t0 > maxMs) return { got, ms: (got >= want ? now : lastChange) - t0 };
+    await Bun.sleep(10);
+  }
+}
+
+const stamp = () => ({ t: performance.timeOrigin + performance.now(), pad: "x".repeat(200) });
+
+function row(group: string, metric: string, value: number, unit: string, note?: string): void {
+  rows.push({ group, metric, value, unit, note });
+}
+
+// ---------- 1 + 5. ingest and resources ----------
+
+async function ingest(): Promise<void> {
+  for (const sync of ["always", "none"]) {
+    const a = await startAgent(sync);
+    await Bun.sleep(500);
+    const idle = rssOf(a.proc.pid);
+    const idleAnon = anonOf(a.proc.pid);
+    for (const n of [1, 64]) {
+      const c0 = cpuOf(a.proc.pid);
+      let busy = 0;
+      const sampler = setTimeout(() => (busy = rssOf(a.proc.pid)), (SECS * 1000) / 2);
+      const r = await publishRate(a.socket, n, SECS);
+      clearTimeout(sampler);
+      const label = `keyop sync=${sync}, ${n} in flight`;
+      row("1 ingest", label, r.rate, "msg/s", r.errors ? `${r.errors} errors` : "Unix socket, HTTP");
+      charts.ingest!.push({ label, value: r.rate, series: "keyop" });
+      if (n === 64) {
+        const cpu = ((cpuOf(a.proc.pid) - c0) / (r.rate * SECS)) * 100_000;
+        resources(`keyop (sync=${sync})`, idle, busy, cpu, `anonymous ${idleAnon.toFixed(1)} MB idle`);
+      }
+    }
+    if (sync === "always") {
+      // Not a target, for context: the same agent taking NDJSON batches of 100 on 4 connections.
+      const line = JSON.stringify({ type: "t", payload: PAYLOAD });
+      const req = RawHttp.request("POST", "/v1/channels/bench.batch/messages", Array(100).fill(line).join("\n") + "\n", "application/x-ndjson");
+      const conns = await Promise.all(Array.from({ length: 4 }, () => RawHttp.connect(a.socket)));
+      const free = [...conns];
+      const rate = (await workers(4, SECS, async () => {
+        const c = free.pop()!; // one request at a time per connection
+        await c.send(req);
+        free.push(c);
+      })) * 100;
+      for (const c of conns) c.close();
+      row("1 ingest", "keyop sync=always, NDJSON batches of 100 (context)", rate, "msg/s", "one request carries 100 messages");
+    }
+    await a.stop();
+  }
+
+  const mq = await mosquitto("mq-ingest");
+  const client = await mqtt.connectAsync(`mqtt://127.0.0.1:${mq.port}`, { clean: true, clientId: "bench-ingest" });
+  const idle = rssOf(mq.proc.pid!);
+  for (const n of [1, 64]) {
+    const c0 = cpuOf(mq.proc.pid!);
+    let busy = 0;
+    const sampler = setTimeout(() => (busy = rssOf(mq.proc.pid!)), (SECS * 1000) / 2);
+    const rate = await workers(n, SECS, () => client.publishAsync("bench/in", PAYLOAD, { qos: 1 }));
+    clearTimeout(sampler);
+    const label = `mosquitto QoS 1, ${n} in flight`;
+    row("1 ingest", label, rate, "msg/s", "TCP loopback, persistence on");
+    charts.ingest!.push({ label, value: rate, series: "mosquitto" });
+    if (n === 64) resources("mosquitto", idle, busy, ((cpuOf(mq.proc.pid!) - c0) / (rate * SECS)) * 100_000);
+  }
+  await client.endAsync();
+  await kill(mq);
+
+  const ns = await natsJs("nats-ingest");
+  const nc = await natsConnect({ servers: `127.0.0.1:${ns.port}` });
+  const jsm = await nc.jetstreamManager();
+  await jsm.streams.add({ name: "INGEST", subjects: ["bench.in"], storage: StorageType.File });
+  const js = nc.jetstream();
+  const data = new TextEncoder().encode(PAYLOAD);
+  const nIdle = rssOf(ns.proc.pid!);
+  for (const n of [1, 64]) {
+    const c0 = cpuOf(ns.proc.pid!);
+    let busy = 0;
+    const sampler = setTimeout(() => (busy = rssOf(ns.proc.pid!)), (SECS * 1000) / 2);
+    const rate = await workers(n, SECS, () => js.publish("bench.in", data));
+    clearTimeout(sampler);
+    const label = `NATS JetStream, ${n} in flight`;
+    row("1 ingest", label, rate, "msg/s", "TCP loopback, file storage");
+    charts.ingest!.push({ label, value: rate, series: "nats" });
+    if (n === 64) resources("nats-server", nIdle, busy, ((cpuOf(ns.proc.pid!) - c0) / (rate * SECS)) * 100_000);
+  }
+  await nc.close();
+  await kill(ns);
+}
+
+const rss: Record<string, { idle: number; busy: number }> = {};
+
+function resources(who: string, idle: number, busy: number, cpuPer100k: number, note?: string): void {
+  rss[who] = { idle, busy };
+  row("5 resources", `${who}: RSS idle / during 64-in-flight ingest`, idle, "MB", `${busy.toFixed(1)} MB during${note ? `; ${note}` : ""}`);
+  row("5 resources", `${who}: CPU per 100,000 messages`, cpuPer100k, "s", "server process, 64-in-flight ingest");
+  const series = who.startsWith("keyop") ? "keyop" : who.startsWith("mosq") ? "mosquitto" : "nats";
+  charts.resources!.push({ label: `${who} RSS during ingest`, value: busy, series });
+}
+
+// ---------- 2. two hops ----------
+
+function latencyRows(system: string, series: string, rate: number, lat: number[], sent: number): void {
+  const lost = sent - lat.length;
+  row("2 two hops", `${system} @${rate}/s p50`, quantile(lat, 0.5), "ms");
+  row("2 two hops", `${system} @${rate}/s p99`, quantile(lat, 0.99), "ms");
+  row("2 two hops", `${system} @${rate}/s p99.9`, quantile(lat, 0.999), "ms");
+  row("2 two hops", `${system} @${rate}/s max`, quantile(lat, 1), "ms", `${lat.length} received, ${lost} lost`);
+  charts.latency!.push({ label: `${system} p99 @${rate}/s`, value: quantile(lat, 0.99), series: series.startsWith("keyop") ? "keyop" : series });
+  latencies[`${series}@${rate}`] = { p99: quantile(lat, 0.99), lost };
+}
+
+const latencies: Record<string, { p99: number; lost: number }> = {};
+
+async function twoHopsKeyop(sync: string): Promise<void> {
+  const trio = await startTrio(dir(`keyop-hops-${sync}`), { sync });
+  try {
+    for (const rate of [1000, 5000]) {
+      const channel = `t.lat${rate}`;
+      const lat: number[] = [];
+      let warm = true;
+      const s = streamCount(trio.devB, channel, (m) => !warm && lat.push(performance.timeOrigin + performance.now() - m.payload.t));
+      const conns = await Promise.all(Array.from({ length: rate > 1000 ? 32 : 8 }, () => RawHttp.connect(trio.devA.socket)));
+      await paced(conns, rate * 2, rate, channel); // warm-up, not measured
+      await Bun.sleep(500);
+      warm = false;
+      const total = rate * LAT_SECS;
+      await paced(conns, total, rate, channel);
+      await arrivals(() => lat.length, total, 3000, 30_000);
+      s.stop();
+      for (const c of conns) c.close();
+      latencyRows(`keyop sync=${sync}`, sync === "always" ? "keyop" : "keyop-none", rate, lat, total);
+    }
+  } finally {
+    for (const p of [trio.devA, trio.devB, trio.hub]) await stop(p).catch(() => {});
+  }
+}
+
+async function mosquittoTrio(tag: string): Promise<{ hub: Server & { conf: string }; a: Server; b: Server; restartHub: () => Promise<void> }> {
+  const hub = await mosquitto(`${tag}-hub`);
+  const bridge = (name: string, direction: string) => "\n" + readFileSync(join(CONFIGS, "mosquitto-bridge.conf"), "utf8").replaceAll("{{HUB_PORT}}", String(hub.port)).replaceAll("{{DIRECTION}}", direction).replaceAll("{{NAME}}", `${tag}-${name}`);
+  const a = await mosquitto(`${tag}-a`, bridge("a", "out"));
+  const b = await mosquitto(`${tag}-b`, bridge("b", "in"));
+  const result = {
+    hub,
+    a,
+    b,
+    async restartHub() {
+      result.hub = { ...(await server([bin("mosquitto"), "-c", hub.conf], hub.port, "mosquitto hub")), conf: hub.conf };
+    },
+  };
+  return result;
+}
+
+async function subscribeMqtt(port: number, topic: string, opts: IClientOptions = { clean: true }): Promise<MqttClient> {
+  const c = await mqtt.connectAsync(`mqtt://127.0.0.1:${port}`, opts);
+  await c.subscribeAsync(topic, { qos: 1 });
+  return c;
+}
+
+async function twoHopsMosquitto(): Promise<void> {
+  const t = await mosquittoTrio("mq-hops");
+  try {
+    for (const rate of [1000, 5000]) {
+      const topic = `bench/lat${rate}`;
+      const lat: number[] = [];
+      let warm = true;
+      const sub = await subscribeMqtt(t.b.port, topic);
+      sub.on("message", (_t, p) => !warm && lat.push(performance.timeOrigin + performance.now() - JSON.parse(p.toString()).t));
+      const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${t.a.port}`, { clean: true });
+      // The bridges connect in the background: warm up until messages come through.
+      await pace(rate, rate * 2, 64, () => pub.publishAsync(topic, JSON.stringify(stamp()), { qos: 1 }));
+      await Bun.sleep(500);
+      warm = false;
+      const total = rate * LAT_SECS;
+      await pace(rate, total, 64, () => pub.publishAsync(topic, JSON.stringify(stamp()), { qos: 1 }));
+      await arrivals(() => lat.length, total, 3000, 30_000);
+      await pub.endAsync();
+      await sub.endAsync();
+      latencyRows("mosquitto bridges", "mosquitto", rate, lat, total);
+    }
+  } finally {
+    for (const s of [t.a, t.b, t.hub]) await kill(s).catch(() => {});
+  }
+}
+
+async function natsTrio(tag: string): Promise<{ hub: Server; a: Server; b: Server; leafPort: number; hubConf: string }> {
+  const leafPort = freePort();
+  const hd = dir(`${tag}-hub`);
+  const hubConf = config("nats-hub.conf", { PORT: freePort(), LEAF_PORT: leafPort }, join(hd, "nats.conf"));
+  const hubPort = Number(/listen: 127\.0\.0\.1:(\d+)/.exec(readFileSync(hubConf, "utf8"))![1]);
+  const hub = await server([bin("nats-server"), "-c", hubConf], hubPort, "nats hub");
+  const leaf = async (name: string) => {
+    const port = freePort();
+    const conf = config("nats-leaf.conf", { PORT: port, LEAF_PORT: leafPort }, join(dir(`${tag}-${name}`), "nats.conf"));
+    return server([bin("nats-server"), "-c", conf], port, `nats ${name}`);
+  };
+  return { hub, a: await leaf("a"), b: await leaf("b"), leafPort, hubConf };
+}
+
+async function twoHopsNats(): Promise<void> {
+  const t = await natsTrio("nats-hops");
+  try {
+    for (const rate of [1000, 5000]) {
+      const subject = `bench.lat${rate}`;
+      const lat: number[] = [];
+      let warm = true;
+      const subConn: NatsConnection = await natsConnect({ servers: `127.0.0.1:${t.b.port}` });
+      subConn.subscribe(subject, { callback: (_e, m) => !warm && lat.push(performance.timeOrigin + performance.now() - JSON.parse(new TextDecoder().decode(m.data)).t) });
+      await subConn.flush();
+      const pub: NatsConnection = await natsConnect({ servers: `127.0.0.1:${t.a.port}` });
+      const enc = new TextEncoder();
+      await pace(rate, rate * 2, 64, () => pub.publish(subject, enc.encode(JSON.stringify(stamp()))));
+      await pub.flush();
+      await Bun.sleep(500);
+      warm = false;
+      const total = rate * LAT_SECS;
+      await pace(rate, total, 64, () => pub.publish(subject, enc.encode(JSON.stringify(stamp()))));
+      await pub.flush();
+      await arrivals(() => lat.length, total, 3000, 30_000);
+      await pub.close();
+      await subConn.close();
+      latencyRows("NATS leaf nodes", "nats", rate, lat, total);
+    }
+  } finally {
+    for (const s of [t.a, t.b, t.hub]) await kill(s).catch(() => {});
+  }
+}
+
+// ---------- 3. store and forward ----------
+
+function backlogRow(system: string, series: string, got: number, ms: number): void {
+  const lost = BACKLOG - got;
+  row("3 store and forward", `${system}: ${BACKLOG.toLocaleString("en-US")} published while the hub was down`, got >= BACKLOG ? ms / 1000 : NaN, "s", `until all were at B after the hub started; ${got.toLocaleString("en-US")} arrived, ${lost.toLocaleString("en-US")} never`);
+  charts.backlog!.push({ label: `${system}: arrived at B`, value: got, series });
+  backlogs[series] = lost;
+}
+
+const backlogs: Record<string, number> = {};
+
+async function backlogKeyop(): Promise<void> {
+  const trio = await startTrio(dir("keyop-backlog"));
+  let hub: Proc = trio.hub;
+  try {
+    let got = 0;
+    const s = streamCount(trio.devB, "t.backlog", () => got++);
+    await stop(hub);
+    const line = JSON.stringify({ type: "n", payload: PAYLOAD });
+    const pub = await RawHttp.connect(trio.devA.socket);
+    const batch = RawHttp.request("POST", "/v1/channels/t.backlog/messages", Array(5000).fill(line).join("\n") + "\n", "application/x-ndjson");
+    for (let i = 0; i < BACKLOG; i += 5000) await pub.send(batch);
+    pub.close();
+    hub = await start(trio.dir, "hub", trio.hubYaml);
+    const r = await arrivals(() => got, BACKLOG, 10_000, 120_000);
+    s.stop();
+    backlogRow("keyop", "keyop", r.got, r.ms);
+  } finally {
+    for (const p of [trio.devA, trio.devB, hub]) await stop(p).catch(() => {});
+  }
+}
+
+async function backlogMosquitto(): Promise<void> {
+  const t = await mosquittoTrio("mq-backlog");
+  try {
+    let got = 0;
+    const sub = await subscribeMqtt(t.b.port, "bench/backlog");
+    sub.on("message", () => got++);
+    // Let both bridges connect first, then take the hub away (it saves its persistence file on SIGTERM).
+    await Bun.sleep(1500);
+    await kill(t.hub);
+    const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${t.a.port}`, { clean: true });
+    await untilCount(64, BACKLOG, () => pub.publishAsync("bench/backlog", PAYLOAD, { qos: 1 }));
+    await pub.endAsync();
+    await t.restartHub();
+    const r = await arrivals(() => got, BACKLOG, 10_000, 120_000);
+    await sub.endAsync();
+    backlogRow("mosquitto bridges", "mosquitto", r.got, r.ms);
+  } finally {
+    for (const s of [t.a, t.b, t.hub]) await kill(s).catch(() => {});
+  }
+}
+
+async function backlogNats(): Promise<void> {
+  const t = await natsTrio("nats-backlog");
+  try {
+    let got = 0;
+    const subConn = await natsConnect({ servers: `127.0.0.1:${t.b.port}` });
+    subConn.subscribe("bench.backlog", { callback: () => got++ });
+    await subConn.flush();
+    await Bun.sleep(1500);
+    await kill(t.hub);
+    const pub = await natsConnect({ servers: `127.0.0.1:${t.a.port}` });
+    const data = new TextEncoder().encode(PAYLOAD);
+    for (let i = 0; i < BACKLOG; i++) pub.publish("bench.backlog", data);
+    await pub.flush();
+    await pub.close();
+    t.hub = await server([bin("nats-server"), "-c", t.hubConf], t.hub.port, "nats hub");
+    const r = await arrivals(() => got, BACKLOG, 10_000, 120_000);
+    await subConn.close();
+    backlogRow("NATS leaf nodes", "nats", r.got, r.ms);
+  } finally {
+    for (const s of [t.a, t.b, t.hub]) await kill(s).catch(() => {});
+  }
+}
+
+// ---------- 4. crash ----------
+
+function crashRow(system: string, series: string, acked: number, present: number, note: string): void {
+  const gone = Math.max(0, acked - present);
+  row("4 crash", `${system}: acknowledged messages gone after SIGKILL`, gone, "msgs", `${acked.toLocaleString("en-US")} acknowledged, ${present.toLocaleString("en-US")} there after restart; ${note}`);
+  charts.crash!.push({ label: `${system}: acknowledged, then gone`, value: gone, series });
+  crashes[series] = gone;
+}
+
+const crashes: Record<string, number> = {};
+
+async function crashKeyop(): Promise<void> {
+  const d = dir("keyop-crash");
+  let p = await start(d, "edge", "");
+  const ids = new Set<string>();
+  const conns = await Promise.all(Array.from({ length: 64 }, () => RawHttp.connect(p.socket)));
+  const req = RawHttp.request("POST", "/v1/channels/t.crash/messages", JSON.stringify({ type: "t", payload: PAYLOAD }));
+  let issued = 0;
+  await Promise.all(
+    conns.map(async (c) => {
+      while (issued < CRASH) {
+        issued++;
+        const r = await c.send(req);
+        if (r.status === 201) ids.add(JSON.parse(r.body.toString()).id);
+      }
+    }),
+  );
+  p.proc.kill("SIGKILL");
+  await p.proc.exited;
+  for (const c of conns) c.close();
+  p = await start(d, "edge", "");
+  const present = new Set<string>();
+  let from = 1;
+  while (true) {
+    const r = (await (await fetch(`http://k/v1/channels/t.crash/messages?subscriber=check&from=${from}&max=10000`, { unix: p.socket } as RequestInit)).json()) as { messages: { id: string; seq: number }[] };
+    if (!r.messages?.length) break;
+    for (const m of r.messages) present.add(m.id);
+    await fetch(`http://k/v1/channels/t.crash/subscribers/check/ack`, { method: "POST", body: JSON.stringify({ seq: r.messages.at(-1)!.seq }), headers: { "content-type": "application/json" }, unix: p.socket } as RequestInit);
+  }
+  const kept = [...ids].filter((id) => present.has(id)).length;
+  await stop(p);
+  crashRow("keyop sync=always", "keyop", ids.size, kept, "each publish answered after fdatasync");
+}
+
+async function crashMosquitto(): Promise<void> {
+  let mq = await mosquitto("mq-crash");
+  // A persistent subscriber that is away: the broker must keep every QoS 1 message for it.
+  const away = await subscribeMqtt(mq.port, "bench/crash", { clean: false, clientId: "crash-reader" });
+  await away.endAsync();
+  const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${mq.port}`, { clean: true });
+  let acked = 0;
+  await untilCount(64, CRASH, async () => {
+    await pub.publishAsync("bench/crash", PAYLOAD, { qos: 1 });
+    acked++;
+  });
+  await kill(mq, "SIGKILL");
+  pub.end(true);
+  mq = { ...(await server([bin("mosquitto"), "-c", mq.conf], mq.port, "mosquitto")), conf: mq.conf };
+  let got = 0;
+  const back = await mqtt.connectAsync(`mqtt://127.0.0.1:${mq.port}`, { clean: false, clientId: "crash-reader" });
+  back.on("message", () => got++);
+  await arrivals(() => got, acked, 3000, 30_000);
+  await back.endAsync();
+  await kill(mq);
+  crashRow("mosquitto QoS 1", "mosquitto", acked, got, "PUBACK before the periodic snapshot; counted by the persistent subscriber");
+}
+
+async function crashNats(): Promise<void> {
+  let ns = await natsJs("nats-crash");
+  let nc = await natsConnect({ servers: `127.0.0.1:${ns.port}` });
+  const jsm = await nc.jetstreamManager();
+  await jsm.streams.add({ name: "CRASH", subjects: ["bench.crash"], storage: StorageType.File });
+  const js = nc.jetstream();
+  const data = new TextEncoder().encode(PAYLOAD);
+  let acked = 0;
+  await untilCount(64, CRASH, async () => {
+    await js.publish("bench.crash", data);
+    acked++;
+  });
+  await kill(ns, "SIGKILL");
+  await nc.close().catch(() => {});
+  ns = { ...(await server([bin("nats-server"), "-c", ns.conf], ns.port, "nats")), conf: ns.conf };
+  nc = await natsConnect({ servers: `127.0.0.1:${ns.port}` });
+  let present = 0;
+  await until("stream recovered", async () => {
+    try {
+      present = (await (await nc.jetstreamManager()).streams.info("CRASH")).state.messages;
+      return true;
+    } catch {
+      return false;
+    }
+  }, 20_000);
+  await nc.close();
+  await kill(ns);
+  crashRow("NATS JetStream", "nats", acked, present, "publish acknowledged by the stream; counted from the stream after restart");
+}
+
+// ---------- run ----------
+
+function versions(): Record<string, string> {
+  const v = (cmd: string[]) => {
+    const r = Bun.spawnSync(cmd, { stdout: "pipe", stderr: "pipe" });
+    return (r.stdout.toString() + r.stderr.toString()).trim().split("\n")[0]!;
+  };
+  return {
+    keyop: JSON.parse(readFileSync(join(import.meta.dir, "..", "package.json"), "utf8")).version,
+    bun: Bun.version,
+    mosquitto: v([bin("mosquitto"), "-h"]).replace(/^mosquitto version /, ""),
+    "nats-server": v([bin("nats-server"), "--version"]),
+    "mqtt.js": JSON.parse(readFileSync(join(import.meta.dir, "..", "node_modules", "mqtt", "package.json"), "utf8")).version,
+    "nats.js": JSON.parse(readFileSync(join(import.meta.dir, "..", "node_modules", "nats", "package.json"), "utf8")).version,
+  };
+}
+
+function targets(): void {
+  const get = (label: string) => rows.find((r) => r.group === "1 ingest" && r.metric === label)?.value ?? NaN;
+  const k = get("keyop sync=always, 64 in flight");
+  const m = get("mosquitto QoS 1, 64 in flight");
+  const n = get("NATS JetStream, 64 in flight");
+  const verdict = (ok: boolean) => (ok ? "met" : "MISSED");
+  row("targets", "keyop always / mosquitto QoS 1 ingest, 64 in flight", k / m, "x", `>= 1: ${verdict(k >= m)}`);
+  row("targets", "keyop always / NATS JetStream ingest, 64 in flight", k / n, "x", `> 1: ${verdict(k > n)}`);
+  for (const rate of [1000, 5000]) {
+    const kp = latencies[`keyop@${rate}`]?.p99 ?? NaN;
+    const others = Math.min(latencies[`mosquitto@${rate}`]?.p99 ?? Infinity, latencies[`nats@${rate}`]?.p99 ?? Infinity);
+    row("targets", `keyop two-hop p99 @${rate}/s vs the better peer`, kp / others, "x", `<= 1: ${verdict(kp <= others)}`);
+  }
+  row("targets", "keyop messages lost, store and forward + crash", (backlogs.keyop ?? NaN) + (crashes.keyop ?? NaN), "msgs", `0: ${verdict(backlogs.keyop === 0 && crashes.keyop === 0)}`);
+  const kr = rss["keyop (sync=always)"]?.busy ?? NaN;
+  const nr = rss["nats-server"]?.busy ?? NaN;
+  row("targets", "keyop RSS / nats-server RSS during ingest", kr / nr, "x", `<= 3: ${verdict(kr <= 3 * nr)}`);
+}
+
+const t0 = performance.now();
+try {
+  ensureInstalled();
+  const v = versions();
+  console.log(`keyop compare${quick ? " (quick)" : ""}: ${Object.entries(v).map(([k, x]) => `${k} ${x}`).join(", ")}`);
+  const steps: [string, () => Promise<void>][] = [
+    ["1+5 ingest and resources", ingest],
+    ["2 two hops: keyop sync=always", () => twoHopsKeyop("always")],
+    ["2 two hops: keyop sync=none", () => twoHopsKeyop("none")],
+    ["2 two hops: mosquitto", twoHopsMosquitto],
+    ["2 two hops: nats", twoHopsNats],
+    ["3 store and forward: keyop", backlogKeyop],
+    ["3 store and forward: mosquitto", backlogMosquitto],
+    ["3 store and forward: nats", backlogNats],
+    ["4 crash: keyop", crashKeyop],
+    ["4 crash: mosquitto", crashMosquitto],
+    ["4 crash: nats", crashNats],
+  ];
+  for (const [name, fn] of steps) {
+    const s = performance.now();
+    Bun.spawnSync(["sync"]);
+    await fn();
+    console.log(`  ${name}: ${((performance.now() - s) / 1000).toFixed(1)} s`);
+  }
+  targets();
+  printTable(`keyop vs Mosquitto and NATS${quick ? " (quick)" : ""}`, rows);
+  const path = writeResults(quick ? "compare-quick" : "compare", rows, { versions: v, seconds: (performance.now() - t0) / 1000 });
+  const base = path.replace(/\.json$/, "");
+  const titles: Record<string, [string, string]> = {
+    ingest: ["1. Ingest, 256-byte messages (higher is better)", "msg/s"],
+    latency: ["2. Two hops A -> hub -> B, p99 latency (lower is better)", "ms"],
+    backlog: [`3. Store and forward: of ${BACKLOG.toLocaleString("en-US")} published while the hub was down, arrived at B`, "msgs"],
+    crash: [`4. Crash: of ${CRASH.toLocaleString("en-US")} acknowledged, gone after SIGKILL (lower is better)`, "msgs"],
+    resources: ["5. RSS during ingest (lower is better)", "MB"],
+  };
+  for (const [k, bars] of Object.entries(charts)) writeFileSync(`${base}-${k}.svg`, barChart(titles[k]![0], titles[k]![1], bars));
+  console.log(`\nresults: ${path} (+ ${Object.keys(charts).length} SVG charts), ${((performance.now() - t0) / 1000).toFixed(0)} s`);
+} finally {
+  for (const p of started) {
+    p.kill("SIGKILL");
+    await p.exited;
+  }
+  rmSync(root, { recursive: true, force: true });
+}
