@@ -78,6 +78,9 @@ export class Agent {
       if (federated) {
         // The config validation guarantees tls is set whenever hub or links are.
         agent.federation = new Federation(messenger, config, tls!, logger);
+        const t0 = performance.now();
+        const seeded = await agent.federation.seedDedup();
+        if (seeded > 0) logger.info("duplicate filter loaded from the log", { ids: seeded, ms: Math.round(performance.now() - t0) });
         agent.federation.start();
       }
     } catch (err) {

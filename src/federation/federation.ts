@@ -13,6 +13,7 @@ import { connectMtls, MtlsServer } from "../pki/mtls.ts";
 import type { TlsMaterial } from "../pki/tls.ts";
 import { AuditLog } from "./audit.ts";
 import { RecentIds } from "./dedup.ts";
+import { envelopeId, scanEnvelope } from "../envelope/scan.ts";
 import { backlogOf, cursorName, Forwarder, type ChannelBacklog } from "./forwarder.ts";
 import { PROTOCOL_VERSION } from "./frame.ts";
 import { closeFrame } from "./messages.ts";
@@ -73,6 +74,37 @@ export class Federation {
   }
 
   private cleanupTimer: ReturnType<typeof setInterval> | null = null;
+
+  /**
+   * Fills the duplicate filter with the ids of the newest records of every
+   * channel (up to `dedup.capacity` in all, at most 10,000 per channel).
+   * The filter lives in memory; without this, a batch that was stored just
+   * before a crash but not yet acknowledged would be stored a second time
+   * when the sender resends it after the restart. Returns the ids loaded.
+   */
+  async seedDedup(): Promise<number> {
+    const logs = this.messenger.channelLogs();
+    if (logs.length === 0 || this.dedup.capacity === 0) return 0;
+    const per = Math.min(10_000, Math.max(1, Math.floor(this.dedup.capacity / logs.length)));
+    let loaded = 0;
+    for (const log of logs) {
+      let from = Math.max(log.firstSeq, log.nextSeq - per);
+      while (from < log.nextSeq) {
+        const recs = await log.read(from, 1000);
+        if (recs.length === 0) break;
+        for (const r of recs) {
+          try {
+            this.dedup.seen(envelopeId(r.body, scanEnvelope(r.body)));
+            loaded++;
+          } catch {
+            // not an envelope: nothing to remember
+          }
+        }
+        from = recs[recs.length - 1]!.seq + 1;
+      }
+    }
+    return loaded;
+  }
 
   /**
    * Removes the federation cursors (`_fed.<peer>`) of peers not connected

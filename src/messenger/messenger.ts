@@ -413,6 +413,11 @@ export class Messenger {
     return this.cursorStore.list().map((s) => ({ pattern: s.pattern, name: s.name, touched: s.touched }));
   }
 
+  /** The logs of every channel. */
+  channelLogs(): ChannelLog[] {
+    return this.store.all();
+  }
+
   /** The log of an existing channel (undefined if it does not exist). */
   channelLog(channel: string): ChannelLog | undefined {
     return this.store.get(channel);
