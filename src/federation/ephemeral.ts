@@ -29,6 +29,7 @@ import { connectMtls } from "../pki/mtls.ts";
 import { loadTlsMaterial, type TlsFiles, type TlsMaterial } from "../pki/tls.ts";
 import { backoffDelay, HEALTHY_AFTER_MS, splitHostPort } from "./dial.ts";
 import { PROTOCOL_VERSION } from "./frame.ts";
+import { scanEnvelope } from "../envelope/scan.ts";
 import { ackFrame, batchFrame, type Ack, type Batch } from "./messages.ts";
 import { HANDSHAKE_TIMEOUT_MS, PeerSession, sessionHandler } from "./session.ts";
 
@@ -195,7 +196,13 @@ export class EphemeralMessenger {
     const id = Bun.randomUUIDv7();
     const ts = Date.now();
     const me = this.name;
-    const body = encodeEnvelope({ id, ts, channel, origin: me, type, correlationId, serviceName, route: [me], payload });
+    let body: Uint8Array;
+    try {
+      body = encodeEnvelope({ id, ts, channel, origin: me, type, correlationId, serviceName, route: [me], payload });
+      scanEnvelope(body); // what the hub checks before storing (nesting, extension types)
+    } catch (err) {
+      throw new InvalidArgumentError(`payload cannot be sent: ${err instanceof Error ? err.message : String(err)}`);
+    }
     if (body.length > this.cfg.maxBatchBytes - 1024) throw new TooLargeError(`message of ${body.length} bytes does not fit a batch of ${this.cfg.maxBatchBytes}`);
     while (this.queue.length >= this.cfg.queueSize) {
       if (opts.signal?.aborted) throw new AbortedError("publish aborted while waiting for queue room");

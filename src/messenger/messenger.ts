@@ -6,6 +6,7 @@
  * cursors that see every message at least once, in order per channel.
  */
 import { encodeEnvelope, assertLabel, toWire, type Message } from "../envelope/envelope.ts";
+import { scanEnvelope } from "../envelope/scan.ts";
 import {
   assertChannel,
   assertName,
@@ -277,6 +278,14 @@ export class Messenger {
     }
     if (body.length > this.cfg.maxMessageBytes) {
       throw new TooLargeError(`message of ${body.length} bytes exceeds the limit of ${this.cfg.maxMessageBytes}`);
+    }
+    // What every receiver checks before storing a forwarded record is checked here first: a
+    // record a hub would refuse (nesting deeper than 64, an extension other than a timestamp)
+    // would otherwise close the link at every resend and stop everything behind it.
+    try {
+      scanEnvelope(body);
+    } catch (err) {
+      throw new InvalidArgumentError(`payload cannot be forwarded: ${err instanceof Error ? err.message : String(err)}`);
     }
     return { body, id, ts };
   }

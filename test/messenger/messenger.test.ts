@@ -40,9 +40,14 @@ describe("publish", () => {
       [() => m.publish("a", "t", "x".repeat(2000)), "too_large"],
       [() => m.publish("a", "t", { s: Symbol("x") }), "invalid_argument"],
       [() => m.publish("a", "t", 1, { correlationId: "" }), "invalid_argument"],
+      // What a hub would refuse to store is refused here (it would otherwise block the link).
+      [() => m.publish("a", "t", JSON.parse("[".repeat(65) + "]".repeat(65))), "invalid_argument"],
     ];
     for (const [fn, code] of cases) await expect(fn()).rejects.toMatchObject({ code });
     expect(m.stats().totals.messages).toBe(0);
+    // Up to 64 levels, and dates (the msgpack timestamp), are fine.
+    expect((await m.publish("a", "t", JSON.parse("[".repeat(63) + "]".repeat(63)))).seq).toBe(1);
+    expect((await m.publish("a", "t", { at: new Date(0) })).seq).toBe(2);
     await m.close();
   });
 
