@@ -1,32 +1,96 @@
 /**
- * A loopback TCP proxy for fault tests: forwards to a target and can cut
- * every connection at once, or blackhole them (stop forwarding both ways
- * without closing, as a dead network path does).
+ * A loopback TCP proxy for fault tests: forwards to a target and can add
+ * latency, deliver bytes in small pieces (partial writes), cut every
+ * connection at once (mid-frame, mid-batch: wherever they are), or
+ * blackhole them (stop forwarding both ways without closing, as a dead
+ * network path does). Bytes are never dropped while forwarding: what a
+ * socket does not take is kept and written on its drain.
  */
 import type { Socket, TCPSocketListener } from "bun";
 
+/** One direction of a connection: what waits to be written to `to`. */
+class Pipe {
+  private readonly queue: { bytes: Uint8Array; due: number }[] = [];
+  private timer: ReturnType<typeof setTimeout> | null = null;
+  to: Socket<any> | null = null;
+
+  constructor(private readonly proxy: FaultProxy) {}
+
+  push(bytes: Uint8Array): void {
+    this.queue.push({ bytes: new Uint8Array(bytes), due: performance.now() + this.proxy.delayMs });
+    this.pump();
+  }
+
+  /** Writes what is due, in pieces of at most `chunkBytes`, until the socket takes no more. */
+  pump(): void {
+    if (this.timer || !this.to) return;
+    while (this.queue.length > 0) {
+      if (this.proxy.blackholed) return;
+      const head = this.queue[0]!;
+      const wait = head.due - performance.now();
+      if (wait > 0) {
+        this.timer = setTimeout(() => {
+          this.timer = null;
+          this.pump();
+        }, wait);
+        return;
+      }
+      const piece = this.proxy.chunkBytes > 0 ? head.bytes.subarray(0, this.proxy.chunkBytes) : head.bytes;
+      const n = Math.max(0, this.to.write(piece));
+      head.bytes = head.bytes.subarray(n);
+      if (head.bytes.length === 0) this.queue.shift();
+      if (n < piece.length) return; // the socket is full: its drain calls pump again
+      if (this.proxy.chunkBytes > 0 && this.queue.length > 0) {
+        // One piece per turn: the receiver sees the bytes arrive in fragments.
+        this.timer = setTimeout(() => {
+          this.timer = null;
+          this.pump();
+        }, 0);
+        return;
+      }
+    }
+  }
+
+  stop(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
+    this.queue.length = 0;
+  }
+}
+
 interface Pair {
-  client: Socket<{ peer?: Socket<unknown>; pending: Uint8Array[] }>;
+  client: Socket<ClientData>;
   upstream?: Socket<unknown>;
+  up: Pipe;
+  down: Pipe;
+}
+
+interface ClientData {
+  pair?: Pair;
 }
 
 /** A running fault proxy. */
 export class FaultProxy {
-  private listener: TCPSocketListener<{ peer?: Socket<unknown>; pending: Uint8Array[] }>;
+  private listener: TCPSocketListener<ClientData>;
   private readonly pairs = new Set<Pair>();
-  /** While true, bytes are swallowed in both directions and nothing is closed. */
+  /** While true, bytes are held in both directions and nothing is closed. */
   blackholed = false;
+  /** Added to every byte's trip through the proxy, each way. */
+  delayMs = 0;
+  /** When above 0, bytes are written in pieces of at most this many, one piece per event-loop turn. */
+  chunkBytes = 0;
   cuts = 0;
 
   constructor(targetPort: number) {
     const self = this;
-    this.listener = Bun.listen<{ peer?: Socket<unknown>; pending: Uint8Array[] }>({
+    this.listener = Bun.listen<ClientData>({
       hostname: "127.0.0.1",
       port: 0,
       socket: {
         open(client) {
-          client.data = { pending: [] };
-          const pair: Pair = { client };
+          const pair: Pair = { client, up: new Pipe(self), down: new Pipe(self) };
+          pair.down.to = client;
+          client.data = { pair };
           self.pairs.add(pair);
           void Bun.connect({
             hostname: "127.0.0.1",
@@ -34,17 +98,19 @@ export class FaultProxy {
             socket: {
               open(up) {
                 pair.upstream = up;
-                client.data.peer = up;
-                for (const b of client.data.pending) up.write(b);
-                client.data.pending = [];
+                pair.up.to = up;
+                pair.up.pump();
               },
               data(_up, d) {
-                if (!self.blackholed) client.write(d);
+                pair.down.push(d);
+              },
+              drain() {
+                pair.up.pump();
               },
               close() {
                 // A dead path carries no FIN either: while blackholed, the other side hears nothing.
                 if (!self.blackholed) client.end();
-                self.pairs.delete(pair);
+                self.drop(pair);
               },
               error() {
                 if (!self.blackholed) client.end();
@@ -53,19 +119,25 @@ export class FaultProxy {
           }).catch(() => client.end());
         },
         data(client, d) {
-          if (self.blackholed) return;
-          if (client.data.peer) client.data.peer.write(d);
-          else client.data.pending.push(new Uint8Array(d));
+          client.data.pair?.up.push(d);
+        },
+        drain(client) {
+          client.data.pair?.down.pump();
         },
         close(client) {
-          for (const p of self.pairs) {
-            if (p.client !== client) continue;
-            if (!self.blackholed) p.upstream?.end();
-            self.pairs.delete(p);
-          }
+          const p = client.data.pair;
+          if (!p) return;
+          if (!self.blackholed) p.upstream?.end();
+          self.drop(p);
         },
       },
     });
+  }
+
+  private drop(p: Pair): void {
+    p.up.stop();
+    p.down.stop();
+    this.pairs.delete(p);
   }
 
   /** The port clients should connect to. */
@@ -73,14 +145,23 @@ export class FaultProxy {
     return this.listener.port;
   }
 
-  /** Drops every connection at once (mid-frame, mid-batch: wherever they are). */
+  /** Ends the blackhole: what was held is delivered. */
+  heal(): void {
+    this.blackholed = false;
+    for (const p of this.pairs) {
+      p.up.pump();
+      p.down.pump();
+    }
+  }
+
+  /** Drops every connection at once (mid-frame, mid-batch: wherever they are), as a reset. */
   cut(): void {
     this.cuts++;
-    for (const p of this.pairs) {
+    for (const p of [...this.pairs]) {
       p.client.terminate();
       p.upstream?.terminate();
+      this.drop(p);
     }
-    this.pairs.clear();
   }
 
   stop(): void {
