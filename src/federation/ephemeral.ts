@@ -314,7 +314,7 @@ export class EphemeralMessenger {
       const { hostname, port } = splitHostPort(this.cfg.hub);
       const material = this.material!;
       connectMtls<PeerSession>(
-        { hostname, port, material, logger: this.logger, onReject: (reason) => end(`hub rejected: ${reason}`) },
+        { hostname, port, material, logger: this.logger, onReject: (reason) => end(`hub rejected: ${reason}`), onEarlyClose: () => end("connection closed during the TLS handshake") },
         sessionHandler(
             { role: "client", maxBody: this.cfg.maxBatchBytes + 64 * 1024, heartbeatMs: this.cfg.heartbeatMs, logger: this.logger },
             {

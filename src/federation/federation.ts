@@ -237,7 +237,14 @@ export class Federation {
   async connect(link: LinkConfig, runner: LinkRunner): Promise<void> {
     const { hostname, port } = splitHostPort(link.hub);
     await connectMtls<PeerSession>(
-      { hostname, port, material: this.material, logger: this.logger, onReject: (reason) => runner.closed(`hub rejected: ${reason}`) },
+      {
+        hostname,
+        port,
+        material: this.material,
+        logger: this.logger,
+        onReject: (reason) => runner.closed(`hub rejected: ${reason}`),
+        onEarlyClose: () => runner.closed("connection closed during the TLS handshake"),
+      },
       sessionHandler(this.sessionOptions("client"), this.linkEvents(link, runner), (s) =>
         s.sendHello({
           versions: [PROTOCOL_VERSION],
@@ -417,10 +424,11 @@ class LinkRunner {
   }
 
   closed(reason: string): void {
-    this.lastError = reason;
     const e = this.ended;
+    if (!e) return; // this attempt already ended (a refusal is followed by the socket's close)
+    this.lastError = reason;
     this.ended = null;
-    e?.();
+    e();
   }
 
   status(): LinkStatus {

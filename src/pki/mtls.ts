@@ -59,6 +59,7 @@ function socketHandlers<T>(
   onReject?: RejectHook,
   authorize?: AuthorizeHook,
   farewell?: Farewell,
+  onEarlyClose?: () => void,
 ) {
   const reject = (s: MtlsSocket<T>, reason: string, say?: Uint8Array) => {
     logger.warn("tls peer rejected", { remote: s.remoteAddress, reason });
@@ -130,6 +131,9 @@ function socketHandlers<T>(
       s.data.closed = true;
       clearTimeout(s.data.timer);
       if (s.data?.verified) handler.close?.(s);
+      // Gone before verification (cut mid-handshake): the application never had it open, but a
+      // client waiting to reconnect must hear of it now, not at its handshake deadline.
+      else onEarlyClose?.();
     },
     error(s: MtlsSocket<T>, err: Error) {
       logger.debug("tls socket error", { remote: s.remoteAddress, error: String(err) });
@@ -207,6 +211,8 @@ export class MtlsServer<T> {
 
 /** Options of `connectMtls`. */
 export interface MtlsConnectOptions {
+  /** The connection closed before the server was verified (refused, or cut mid-handshake). */
+  onEarlyClose?: () => void;
   hostname: string;
   port: number;
   material: TlsMaterial;
@@ -220,6 +226,6 @@ export function connectMtls<T>(opts: MtlsConnectOptions, handler: MtlsHandler<T>
     hostname: opts.hostname,
     port: opts.port,
     tls: { ...bunTlsOptions(opts.material), serverName: opts.hostname },
-    socket: socketHandlers<T>("server", () => opts.material, handler, opts.logger, opts.onReject),
+    socket: socketHandlers<T>("server", () => opts.material, handler, opts.logger, opts.onReject, undefined, undefined, opts.onEarlyClose),
   });
 }

@@ -11,8 +11,8 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, rmSync, unlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { tmpDir, waitFor } from "../helpers.ts";
-import { cli, runAgent, type AgentProc } from "../integration/agent-process.ts";
+import { freePort, tmpDir, waitFor } from "../helpers.ts";
+import { fleet, runAgent, type AgentProc } from "../integration/agent-process.ts";
 
 const mnt = mkdtempSync(join(tmpdir(), "keyop-fault-tmpfs-"));
 const mounted = process.platform === "linux" ? Bun.spawnSync(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mnt], { stderr: "pipe" }) : null;
@@ -35,13 +35,8 @@ const api = (a: AgentProc, method: string, path: string, body?: string, type = "
 describe.skipIf(skipReason !== null)("disk full at the hub", () => {
   test("507 at the hub, reads go on, device A keeps the backlog, all of it arrives once space is back", async () => {
     const dir = tmpDir();
-    const pki = join(dir, "pki");
-    expect((await cli(["cert", "ca", "--out-dir", pki])).code).toBe(0);
-    for (const n of ["hub", "devA", "devB"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
-    const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-    const port = l.port;
-    l.stop(true);
-    const tls = (n: string) => `tls:\n  cert: ${pki}/${n}.crt\n  key: ${pki}/${n}.key\n  ca: ${pki}/ca.crt\n`;
+    const tls = await fleet(dir, ["hub", "devA", "devB"]);
+    const port = freePort();
     const fed = "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 50ms\n  reconnect_max_ms: 300ms\n";
     const cfg = (n: string, body: string) => {
       writeFileSync(join(dir, `${n}.yaml`), tls(n) + fed + body);

@@ -10,19 +10,13 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { tmpDir, waitFor } from "../helpers.ts";
+import { freePort, tmpDir, waitFor } from "../helpers.ts";
 import { cli, runAgent, type AgentProc } from "../integration/agent-process.ts";
 
 const RANDOM = process.env.KEYOP_FAULT_LONG ? 50_000 : 2_000;
 let agent: AgentProc;
 let port: number;
 
-function freePort(): number {
-  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const p = l.port;
-  l.stop(true);
-  return p;
-}
 
 const rssMB = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))![1]) / 1024;
 

@@ -8,17 +8,11 @@
 import { afterAll, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { tmpDir, waitFor } from "../helpers.ts";
-import { cli, runAgent, type AgentProc } from "../integration/agent-process.ts";
+import { freePort, tmpDir, waitFor } from "../helpers.ts";
+import { fleet, runAgent, type AgentProc } from "../integration/agent-process.ts";
 
 const KILLS = Number(process.env.KEYOP_FAULT_KILLS ?? 5);
 
-function freePort(): number {
-  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const p = l.port;
-  l.stop(true);
-  return p;
-}
 
 const running = new Map<string, AgentProc>();
 
@@ -31,11 +25,8 @@ afterAll(async () => {
 
 test(`kill loop: ${KILLS} SIGKILLs across device -> hub -> device under load lose nothing acknowledged`, async () => {
   const dir = tmpDir();
-  const pki = join(dir, "pki");
-  expect((await cli(["cert", "ca", "--out-dir", pki])).code).toBe(0);
-  for (const n of ["hub", "devA", "devB"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
+  const tls = await fleet(dir, ["hub", "devA", "devB"]);
   const port = freePort();
-  const tls = (n: string) => `tls:\n  cert: ${pki}/${n}.crt\n  key: ${pki}/${n}.key\n  ca: ${pki}/ca.crt\n`;
   const fed = "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 50ms\n  reconnect_max_ms: 300ms\n";
   const configs: Record<string, string> = {
     hub: tls("hub") + fed + `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["f.>"]\n      subscribe: []\n    - name: devB\n      publish: []\n      subscribe: ["f.>"]\n`,

@@ -9,20 +9,14 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { tmpDir, waitFor } from "../helpers.ts";
-import { cli, runAgent, type AgentProc } from "../integration/agent-process.ts";
+import { freePort, tmpDir, waitFor } from "../helpers.ts";
+import { fleet, runAgent, type AgentProc } from "../integration/agent-process.ts";
 import { FaultProxy } from "../integration/fault-proxy.ts";
 
 const HEARTBEAT = 500;
 let hub: AgentProc, devA: AgentProc, devB: AgentProc;
 let proxy: FaultProxy;
 
-function freePort(): number {
-  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const p = l.port;
-  l.stop(true);
-  return p;
-}
 
 const api = (a: AgentProc, method: string, path: string, body?: string, type = "application/json") =>
   fetch(`http://k${path}`, { method, body, headers: { "content-type": type }, unix: a.socket } as RequestInit).then((r) => r.json() as Promise<any>);
@@ -55,12 +49,9 @@ const linkState = async () => (await api(devA, "GET", "/v1/status")).links[0]?.s
 
 beforeAll(async () => {
   const dir = tmpDir();
-  const pki = join(dir, "pki");
-  expect((await cli(["cert", "ca", "--out-dir", pki])).code).toBe(0);
-  for (const n of ["hub", "devA", "devB"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
+  const tls = await fleet(dir, ["hub", "devA", "devB"]);
   const port = freePort();
   proxy = new FaultProxy(port);
-  const tls = (n: string) => `tls:\n  cert: ${pki}/${n}.crt\n  key: ${pki}/${n}.key\n  ca: ${pki}/ca.crt\n`;
   const fed = `federation:\n  heartbeat_ms: ${HEARTBEAT}ms\n  reconnect_base_ms: 50ms\n  reconnect_max_ms: 300ms\n  max_batch_bytes: 64KiB\n`;
   const cfg = (n: string, body: string) => {
     writeFileSync(join(dir, `${n}.yaml`), tls(n) + fed + body);

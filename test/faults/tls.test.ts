@@ -13,7 +13,7 @@ import { join } from "node:path";
 import { createCa, issueCert, type CertAndKey } from "../../src/pki/certs.ts";
 import { FrameDecoder } from "../../src/federation/frame.ts";
 import { helloFrame, parseClose } from "../../src/federation/messages.ts";
-import { BUN, MAIN, tmpDir, waitFor } from "../helpers.ts";
+import { BUN, freePort, MAIN, tmpDir, waitFor } from "../helpers.ts";
 import { runAgent, type AgentProc } from "../integration/agent-process.ts";
 
 let dir: string;
@@ -22,12 +22,6 @@ let hub: AgentProc;
 let ca: Awaited<ReturnType<typeof createCa>>;
 const DAY = 86_400_000;
 
-function freePort(): number {
-  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const p = l.port;
-  l.stop(true);
-  return p;
-}
 
 beforeAll(async () => {
   dir = tmpDir();

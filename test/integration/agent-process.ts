@@ -42,3 +42,18 @@ export async function cli(args: string[], opts: { env?: Record<string, string>; 
   const [out, err, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
   return { code, out, err };
 }
+
+/**
+ * Makes a CA and certificates for `names` with `keyop cert` in `<dir>/pki`;
+ * returns a function giving the `tls:` YAML block of one of them.
+ */
+export async function fleet(dir: string, names: string[]): Promise<(name: string) => string> {
+  const pki = join(dir, "pki");
+  const ca = await cli(["cert", "ca", "--out-dir", pki]);
+  if (ca.code !== 0) throw new Error(`keyop cert ca failed: ${ca.err}`);
+  for (const n of names) {
+    const r = await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"]);
+    if (r.code !== 0) throw new Error(`keyop cert issue ${n} failed: ${r.err}`);
+  }
+  return (n) => `tls:\n  cert: ${pki}/${n}.crt\n  key: ${pki}/${n}.key\n  ca: ${pki}/ca.crt\n`;
+}

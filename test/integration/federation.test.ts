@@ -1,19 +1,12 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { tmpDir, waitFor } from "../helpers.ts";
+import { freePort, tmpDir, waitFor } from "../helpers.ts";
 import { cli, runAgent, type AgentProc } from "./agent-process.ts";
 import { FaultProxy } from "./fault-proxy.ts";
 import { FrameDecoder } from "../../src/federation/frame.ts";
 import { helloFrame, parseClose } from "../../src/federation/messages.ts";
 
-/** A free loopback port (bound and released; fine on a test machine). */
-function freePort(): number {
-  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const p = l.port;
-  l.stop(true);
-  return p;
-}
 
 const api = (a: AgentProc, method: string, path: string, body?: unknown) =>
   fetch(`http://k${path}`, { method, body: body === undefined ? undefined : JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit).then((r) => r.json() as Promise<any>);
