@@ -1,13 +1,14 @@
 /**
  * `npm run test:faults`: the long version of the fault suite (20 kills,
- * 40 damaged copies per kind of damage, 50,000 random requests, a 5-minute
- * soak), then a summary table of what the scenarios reported.
+ * 40 damaged copies per kind of damage, 50,000 random requests, 1,000,000
+ * fuzzed frames, a 5-minute soak), then a summary table of what the
+ * scenarios reported.
  */
 import { join } from "node:path";
 
-const env = { ...process.env, KEYOP_FAULT_KILLS: "20", KEYOP_FAULT_LONG: "1" };
+const env = { ...process.env, KEYOP_FAULT_KILLS: "20", KEYOP_FAULT_LONG: "1", FUZZ_CASES: "1000000" };
 const t0 = performance.now();
-const proc = Bun.spawn([process.execPath, "test", "--timeout", "900000", join(import.meta.dir)], { env, stdout: "pipe", stderr: "pipe" });
+const proc = Bun.spawn([process.execPath, "test", "--timeout", "900000", join(import.meta.dir), join(import.meta.dir, "..", "federation", "frame.test.ts")], { env, stdout: "pipe", stderr: "pipe" });
 let out = "";
 const pump = async (stream: ReadableStream<Uint8Array>, to: NodeJS.WriteStream) => {
   const dec = new TextDecoder();
@@ -24,6 +25,7 @@ const rows: [string, string][] = [
   ["kill loop", grab(/^kill loop:/)[0]?.replace(/^kill loop: /, "") ?? "not run"],
   ["power loss", `${grab(/^\(pass\) power loss/).length} of 4 kinds passed (${env.KEYOP_FAULT_LONG ? 40 : 4} random positions each)`],
   ["hostile HTTP", grab(/^random requests:/)[0]?.replace(/^random requests: /, "status counts ") ?? "not run"],
+  ["frame fuzz", grab(/^fuzz:/)[0]?.replace(/^fuzz: /, "") ?? "not run"],
   ["idle connections", grab(/^idle connections:/)[0]?.replace(/^idle connections: /, "") ?? "not run"],
   ["TLS refusals", grab(/^\(pass\) certificates that must not get in/).length === 2 ? "6 kinds refused and audited; NODE_TLS_REJECT_UNAUTHORIZED=0 refused" : "FAILED"],
   ["network", `${grab(/^\(pass\) a bad network/).length} of 3 passed; ${grab(/^slow network:/)[0] ?? ""}`],
