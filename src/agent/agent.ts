@@ -11,6 +11,7 @@ import type { Logger } from "../observability/logger.ts";
 import { COMMIT, VERSION } from "../version.ts";
 import { expiryWarnings, loadTlsMaterial, type TlsMaterial } from "../pki/tls.ts";
 import { Federation } from "../federation/federation.ts";
+import { MqttServer } from "../mqtt/server.ts";
 
 /** Largest NDJSON or msgpack batch body: 16 MiB, or one message if larger. */
 export function batchLimit(maxMessageBytes: number): number {
@@ -29,6 +30,8 @@ export class Agent {
   private tls: TlsMaterial | undefined;
   /** Hub listener and links, when configured. */
   federation: Federation | undefined;
+  /** The MQTT listener, when configured. */
+  mqtt: MqttServer | undefined;
 
   private constructor(config: AgentConfig, messenger: Messenger, api: ApiServer, logger: Logger, tls: TlsMaterial | undefined) {
     this.tls = tls;
@@ -83,7 +86,10 @@ export class Agent {
         if (seeded > 0) logger.info("duplicate filter loaded from the log", { ids: seeded, ms: Math.round(performance.now() - t0) });
         agent.federation.start();
       }
+      if (config.mqtt) agent.mqtt = await MqttServer.start(messenger, config.mqtt, logger);
     } catch (err) {
+      agent?.mqtt?.stop();
+      await agent?.federation?.stop().catch(() => {});
       await agent?.api.stop().catch(() => {});
       await messenger.close();
       throw err;
@@ -140,6 +146,7 @@ export class Agent {
   stop(): Promise<void> {
     this.stopping ??= (async () => {
       this.logger.info("agent stopping");
+      this.mqtt?.stop();
       await this.federation?.stop();
       await this.api.stop();
       await this.messenger.close();

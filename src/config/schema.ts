@@ -53,6 +53,22 @@ export interface AgentConfig {
   dedup: { capacity: number };
   audit: { path: string | undefined; maxFileBytes: number; maxFiles: number };
   log: { level: LogLevel; format: LogFormat };
+  /** The MQTT listener (off unless the section is present). */
+  mqtt: MqttConfig | undefined;
+}
+
+/** MQTT listener settings (docs/mqtt.md). */
+export interface MqttConfig {
+  /** TCP host:port (127.0.0.1:1883 when the section has neither this nor `socket`). */
+  listen: string | undefined;
+  /** Unix socket path. */
+  socket: string | undefined;
+  maxClients: number;
+  /** Unacknowledged QoS 1 messages sent to one client at most. */
+  maxInflight: number;
+  maxPacketBytes: number;
+  /** Envelope type of messages published over MQTT. */
+  payloadType: string;
 }
 
 /** Command-line values that win over the file. */
@@ -180,7 +196,7 @@ class Reader {
   }
 }
 
-const TOP = ["name", "storage", "subscribers", "api", "tls", "hub", "links", "federation", "dedup", "audit", "log"] as const;
+const TOP = ["name", "storage", "subscribers", "api", "tls", "hub", "links", "federation", "dedup", "audit", "log", "mqtt"] as const;
 
 /**
  * Validates a parsed YAML document (or `undefined` for "no config") and
@@ -290,7 +306,22 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       maxFiles: r.int(audit.max_files, "audit.max_files", 1, 1000) ?? 5,
     },
     log: { level, format: r.oneOf(log.format, "log.format", ["json", "text"] as const) ?? "json" },
+    mqtt: undefined,
   };
+  const mqttRaw = r.obj(top.mqtt, "mqtt", ["listen", "socket", "max_clients", "max_inflight", "max_packet_bytes", "payload_type"]);
+  if (top.mqtt !== undefined && top.mqtt !== null) {
+    const m = mqttRaw ?? {};
+    const listen = m.listen === undefined ? undefined : r.hostPort(m.listen, "mqtt.listen");
+    const socket = r.str(m.socket, "mqtt.socket");
+    cfg.mqtt = {
+      listen: listen ?? (m.listen === undefined && socket === undefined ? "127.0.0.1:1883" : undefined),
+      socket,
+      maxClients: r.int(m.max_clients, "mqtt.max_clients", 1, 1_000_000) ?? 1000,
+      maxInflight: r.int(m.max_inflight, "mqtt.max_inflight", 1, 65_535) ?? 64,
+      maxPacketBytes: r.size(m.max_packet_bytes, "mqtt.max_packet_bytes", 64) ?? 1024 * 1024,
+      payloadType: r.str(m.payload_type, "mqtt.payload_type") ?? "mqtt",
+    };
+  }
   if (cfg.subscribers.retryBackoffMaxMs < cfg.subscribers.retryBackoffBaseMs) {
     r.fail("subscribers.retry_backoff_max_ms", "must not be less than retry_backoff_base_ms");
   }

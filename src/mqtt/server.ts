@@ -1,0 +1,136 @@
+/**
+ * The MQTT listener: MQTT 3.1.1 and 5.0 on a TCP address and/or a Unix
+ * socket, one MqttSession per connection. Packets are parsed and written
+ * by mqtt-packet; the session rules are keyop's (src/mqtt/session.ts).
+ */
+import type { Socket, TCPSocketListener, UnixSocketListener } from "bun";
+import type { MqttConfig } from "../config/schema.ts";
+import type { Messenger } from "../messenger/messenger.ts";
+import type { Logger } from "../observability/logger.ts";
+import { prepareSocketPath } from "../api/socket-file.ts";
+import { MqttSession, type SessionHost } from "./session.ts";
+
+interface Conn {
+  session?: MqttSession;
+  out: Uint8Array[];
+}
+
+/** A running MQTT listener. */
+export class MqttServer implements SessionHost {
+  readonly messenger: Messenger;
+  readonly cfg: MqttConfig;
+  readonly logger: Logger;
+  private tcp: TCPSocketListener<Conn> | null = null;
+  private unix: UnixSocketListener<Conn> | null = null;
+  private readonly clients = new Map<string, MqttSession>();
+  private readonly sentMarks = new Map<string, Map<string, number>>();
+  private readonly sockets = new Set<Socket<Conn>>();
+
+  private constructor(messenger: Messenger, cfg: MqttConfig, logger: Logger) {
+    this.messenger = messenger;
+    this.cfg = cfg;
+    this.logger = logger;
+  }
+
+  /** Starts listening on what `cfg` names. */
+  static async start(messenger: Messenger, cfg: MqttConfig, logger: Logger): Promise<MqttServer> {
+    const s = new MqttServer(messenger, cfg, logger);
+    const handlers = s.handlers();
+    if (cfg.listen) {
+      const i = cfg.listen.lastIndexOf(":");
+      s.tcp = Bun.listen<Conn>({ hostname: cfg.listen.slice(0, i).replace(/^\[|\]$/g, ""), port: Number(cfg.listen.slice(i + 1)), socket: handlers });
+      logger.info("mqtt listening", { listen: `${cfg.listen.slice(0, i)}:${s.tcp.port}` });
+    }
+    if (cfg.socket) {
+      await prepareSocketPath(cfg.socket);
+      s.unix = Bun.listen<Conn>({ unix: cfg.socket, socket: handlers });
+      logger.info("mqtt listening", { socket: cfg.socket });
+    }
+    return s;
+  }
+
+  /** The TCP port (tests listen on port 0). */
+  get port(): number | undefined {
+    return this.tcp?.port;
+  }
+
+  private handlers() {
+    const self = this;
+    return {
+      open(sock: Socket<Conn>) {
+        sock.data = { out: [] };
+        self.sockets.add(sock);
+        sock.data.session = new MqttSession(self, {
+          write(bytes) {
+            // What the socket does not take now is written on its drain, in order.
+            if (sock.data.out.length > 0) return void sock.data.out.push(bytes);
+            const n = sock.write(bytes);
+            if (n < bytes.length) sock.data.out.push(bytes.subarray(Math.max(0, n)));
+          },
+          end() {
+            sock.end();
+          },
+        });
+      },
+      data(sock: Socket<Conn>, chunk: Uint8Array) {
+        try {
+          sock.data.session?.data(chunk);
+        } catch (err) {
+          // Whatever a client sends, the process goes on: that connection ends.
+          sock.data.session?.fail(`internal error: ${String(err)}`);
+        }
+      },
+      drain(sock: Socket<Conn>) {
+        const out = sock.data.out;
+        while (out.length > 0) {
+          const head = out[0]!;
+          const n = sock.write(head);
+          if (n < head.length) {
+            out[0] = head.subarray(Math.max(0, n));
+            return;
+          }
+          out.shift();
+        }
+      },
+      close(sock: Socket<Conn>) {
+        self.sockets.delete(sock);
+        sock.data.session?.socketClosed();
+      },
+      error(_sock: Socket<Conn>, err: Error) {
+        self.logger.debug("mqtt socket error", { error: String(err) });
+      },
+    };
+  }
+
+  claim(clientId: string, s: MqttSession): void {
+    const old = this.clients.get(clientId);
+    this.clients.set(clientId, s);
+    // MQTT: a second connection with the same client id takes the session over.
+    if (old && old !== s) old.fail("taken over by a new connection of the same client id", 0x8e);
+  }
+
+  release(clientId: string, s: MqttSession): void {
+    if (this.clients.get(clientId) === s) this.clients.delete(clientId);
+  }
+
+  count(): number {
+    return this.clients.size;
+  }
+
+  marks(clientId: string): Map<string, number> {
+    let m = this.sentMarks.get(clientId);
+    if (!m) {
+      if (this.sentMarks.size > 100_000) this.sentMarks.clear();
+      m = new Map();
+      this.sentMarks.set(clientId, m);
+    }
+    return m;
+  }
+
+  /** Stops listening and closes every client connection (their wills are published). */
+  stop(): void {
+    this.tcp?.stop(true);
+    this.unix?.stop(true);
+    for (const sock of this.sockets) sock.data.session?.socketClosed();
+  }
+}

@@ -1,0 +1,430 @@
+/**
+ * One MQTT client connection: the session rules on top of mqtt-packet's
+ * parser and generator. Publishes go into the durable log (a QoS 1 PUBACK
+ * only after the write is durable); subscriptions read the log through a
+ * durable subscriber named `mqtt.<client id>` (persistent session) or a
+ * volatile one (clean session), so a client that was away gets what it
+ * missed, and unacknowledged QoS 1 messages come again.
+ */
+import mqtt from "mqtt-packet";
+import type { IConnectPacket, IPublishPacket, ISubscribePacket, IUnsubscribePacket, Packet } from "mqtt-packet";
+import type { Message } from "../envelope/envelope.ts";
+import type { Messenger } from "../messenger/messenger.ts";
+import type { DurableSubscriber, Positions } from "../messenger/durable-subscriber.ts";
+import type { Logger } from "../observability/logger.ts";
+import type { MqttConfig } from "../config/schema.ts";
+import { channelToTopic, filterToPattern, topicToChannel } from "./topics.ts";
+
+/** What a session needs from the server around it. */
+export interface SessionHost {
+  messenger: Messenger;
+  cfg: MqttConfig;
+  logger: Logger;
+  /** Registers the client id; closes an older connection of the same client (takeover). */
+  claim(clientId: string, s: MqttSession): void;
+  release(clientId: string, s: MqttSession): void;
+  /** Clients connected now. */
+  count(): number;
+  /** Highest seq sent per channel to this client id, kept across its connections (for DUP). */
+  marks(clientId: string): Map<string, number>;
+}
+
+/** The socket operations a session uses. */
+export interface Wire {
+  write(bytes: Uint8Array): void;
+  end(): void;
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+/** MQTT payload bytes as stored: valid UTF-8 as a string (readable over HTTP), anything else as bytes. */
+export function payloadOf(bytes: Uint8Array): string | Uint8Array {
+  try {
+    return utf8.decode(bytes);
+  } catch {
+    return new Uint8Array(bytes);
+  }
+}
+
+/** A stored payload as MQTT bytes: bytes unchanged, strings as UTF-8, anything else as JSON. */
+export function bytesOf(payload: unknown): Buffer {
+  if (payload instanceof Uint8Array) return Buffer.from(payload);
+  if (typeof payload === "string") return Buffer.from(payload, "utf8");
+  return Buffer.from(JSON.stringify(payload ?? null), "utf8");
+}
+
+/** Durable subscriber name of a persistent MQTT session. */
+export function sessionName(clientId: string): string {
+  return `mqtt.${clientId}`;
+}
+
+const CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
+
+/** One subscription of a session: a reader of the log and the QoS 1 messages in flight. */
+class Delivery {
+  readonly pattern: string;
+  readonly qos: 0 | 1;
+  private readonly sub: DurableSubscriber;
+  private readonly session: MqttSession;
+  private readonly sent: Positions;
+  /** Per channel, seqs sent and not yet acknowledged, in order, with whether each was. */
+  private readonly pending = new Map<string, { seq: number; acked: boolean }[]>();
+  private stopped = false;
+  private dirty = true;
+  private wake: (() => void) | null = null;
+  private unwatch: (() => void) | null = null;
+
+  constructor(session: MqttSession, sub: DurableSubscriber, pattern: string, qos: 0 | 1) {
+    this.session = session;
+    this.sub = sub;
+    this.pattern = pattern;
+    this.qos = qos;
+    this.sent = sub.positions();
+  }
+
+  start(): void {
+    this.unwatch = this.sub.watch(() => this.poke());
+    void this.run().catch((err) => this.session.fail(`delivery failed: ${String(err)}`));
+  }
+
+  private poke(): void {
+    this.dirty = true;
+    const w = this.wake;
+    this.wake = null;
+    w?.();
+  }
+
+  private async run(): Promise<void> {
+    while (!this.stopped) {
+      const room = this.session.room();
+      if (room <= 0 || !this.dirty) {
+        await new Promise<void>((r) => (this.wake = r));
+        continue;
+      }
+      this.dirty = false;
+      const msgs = await this.sub.fetch({ max: Math.min(room, 500), after: this.sent });
+      if (this.stopped) return;
+      for (const m of msgs) {
+        if (this.qos === 0) {
+          this.session.deliver(m, 0, null);
+          const log = this.session.host.messenger.channelLog(m.channel);
+          if (log) this.sub.ack(log, m.seq);
+        } else {
+          const list = this.pending.get(m.channel) ?? [];
+          list.push({ seq: m.seq, acked: false });
+          this.pending.set(m.channel, list);
+          this.session.deliver(m, 1, this);
+        }
+      }
+      if (msgs.length > 0) this.dirty = true; // there may be more
+    }
+  }
+
+  /** The client acknowledged `seq` on `channel`: the cursor moves past every acknowledged prefix. */
+  acked(channel: string, seq: number): void {
+    const list = this.pending.get(channel);
+    if (!list) return;
+    const e = list.find((x) => x.seq === seq);
+    if (e) e.acked = true;
+    let upto = -1;
+    while (list.length > 0 && list[0]!.acked) upto = list.shift()!.seq;
+    const log = this.session.host.messenger.channelLog(channel);
+    if (upto >= 0 && log) this.sub.ack(log, upto);
+    this.poke();
+  }
+
+  /** A slot in the window opened (some other delivery got an ack). */
+  nudge(): void {
+    this.poke();
+  }
+
+  stop(): void {
+    this.stopped = true;
+    this.unwatch?.();
+    this.poke();
+  }
+
+  get subscriber(): DurableSubscriber {
+    return this.sub;
+  }
+}
+
+/** An MQTT client connection and its session state. */
+export class MqttSession {
+  readonly host: SessionHost;
+  private readonly wire: Wire;
+  private readonly parser: ReturnType<typeof mqtt.parser>;
+  private version: 3 | 4 | 5 = 4;
+  private clientId = "";
+  private clean = true;
+  private connected = false;
+  private closed = false;
+  private will: IConnectPacket["will"] | undefined;
+  private keepalive = 0;
+  private lastPacket = Date.now();
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private readonly deliveries = new Map<string, Delivery>();
+  /** QoS 1 messages sent and not acknowledged, by packet id. */
+  private readonly inflight = new Map<number, { delivery: Delivery; channel: string; seq: number }>();
+  /** Highest seq sent per channel to this client id, to set DUP on what comes again. */
+  private everSent = new Map<string, number>();
+  private nextId = 1;
+  /** QoS 2 publishes stored and not yet released, by packet id. */
+  private readonly qos2 = new Set<number>();
+  /** Publishes handled one after another, so a client's messages keep their order. */
+  private chain: Promise<void> = Promise.resolve();
+
+  constructor(host: SessionHost, wire: Wire) {
+    this.host = host;
+    this.wire = wire;
+    this.parser = mqtt.parser({ protocolVersion: 5 });
+    this.parser.on("packet", (p: Packet) => this.packet(p));
+    this.parser.on("error", (err: Error) => this.fail(`malformed packet: ${err.message}`));
+  }
+
+  /** Bytes from the client. */
+  data(chunk: Uint8Array): void {
+    if (this.closed) return;
+    this.lastPacket = Date.now();
+    this.parser.parse(Buffer.from(chunk));
+    const cur = (this.parser as unknown as { packet?: { length?: number } }).packet;
+    if (!this.closed && cur?.length !== undefined && cur.length > this.host.cfg.maxPacketBytes) {
+      this.fail(`packet of ${cur.length} bytes exceeds mqtt.max_packet_bytes (${this.host.cfg.maxPacketBytes})`, 0x95);
+    }
+  }
+
+  private send(p: Packet): void {
+    if (this.closed) return;
+    this.wire.write(mqtt.generate(p, { protocolVersion: this.version }));
+  }
+
+  /** Ends the connection with a reason (v5 DISCONNECT code when known); the will is published. */
+  fail(reason: string, code = 0x81): void {
+    if (this.closed) return;
+    this.host.logger.warn("mqtt client dropped", { client: this.clientId || undefined, reason });
+    if (this.connected && this.version === 5) this.send({ cmd: "disconnect", reasonCode: code } as Packet);
+    this.shutdown(true);
+  }
+
+  /** The socket closed (from either side). */
+  socketClosed(): void {
+    this.shutdown(true);
+  }
+
+  private shutdown(publishWill: boolean): void {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.timer) clearInterval(this.timer);
+    for (const d of this.deliveries.values()) {
+      d.stop();
+      if (this.clean) this.dropSubscriber(d.subscriber);
+    }
+    this.deliveries.clear();
+    this.inflight.clear();
+    if (this.connected) this.host.release(this.clientId, this);
+    if (publishWill && this.will) {
+      const w = this.will;
+      this.will = undefined;
+      void this.store(w.topic, Buffer.from(w.payload)).catch((err) => this.host.logger.warn("mqtt will not published", { client: this.clientId, error: String(err) }));
+    }
+    this.wire.end();
+  }
+
+  private dropSubscriber(sub: DurableSubscriber): void {
+    if (this.clean) this.host.messenger.dropVolatileSubscriber(sub);
+  }
+
+  /** Room for more QoS 1 messages in flight to this client. */
+  room(): number {
+    return this.host.cfg.maxInflight - this.inflight.size;
+  }
+
+  private packet(p: Packet): void {
+    if (this.closed) return;
+    if (!this.connected && p.cmd !== "connect") return this.fail(`${p.cmd} before CONNECT`);
+    switch (p.cmd) {
+      case "connect":
+        return this.connect(p);
+      case "publish":
+        return this.publish(p);
+      case "puback":
+        return this.puback(p.messageId!);
+      case "pubrel":
+        this.qos2.delete(p.messageId!);
+        return this.send({ cmd: "pubcomp", messageId: p.messageId } as Packet);
+      case "subscribe":
+        return this.subscribe(p);
+      case "unsubscribe":
+        return this.unsubscribe(p);
+      case "pingreq":
+        return this.send({ cmd: "pingresp" });
+      case "disconnect":
+        // A clean disconnect drops the will (v5: unless the reason asks for it).
+        return this.shutdown((p as { reasonCode?: number }).reasonCode === 0x04);
+      default:
+        return this.fail(`unexpected ${p.cmd}`);
+    }
+  }
+
+  private connect(p: IConnectPacket): void {
+    if (this.connected) return this.fail("second CONNECT");
+    this.version = p.protocolVersion === 5 ? 5 : p.protocolVersion === 3 ? 3 : 4;
+    const refuse = (v5: number, v4: number, why: string) => {
+      this.host.logger.warn("mqtt connect refused", { client: p.clientId, reason: why });
+      this.send(this.version === 5 ? ({ cmd: "connack", reasonCode: v5, sessionPresent: false } as Packet) : ({ cmd: "connack", returnCode: v4, sessionPresent: false } as Packet));
+      this.shutdown(false);
+    };
+    if (this.host.count() >= this.host.cfg.maxClients) return refuse(0x97, 3, "mqtt.max_clients reached");
+    let id = p.clientId ?? "";
+    if (id === "") {
+      if (!p.clean) return refuse(0x85, 2, "an empty client id needs a clean session");
+      id = `anon-${Bun.randomUUIDv7()}`;
+    }
+    if (!CLIENT_ID.test(id)) return refuse(0x85, 2, `client id "${id}" must be 1-100 of [A-Za-z0-9_.-]`);
+    this.clientId = id;
+    this.clean = p.clean !== false;
+    this.will = p.will;
+    if (this.will) {
+      try {
+        topicToChannel(this.will.topic);
+      } catch (err) {
+        return refuse(0x90, 2, `will topic: ${String(err)}`);
+      }
+    }
+    this.keepalive = p.keepalive ?? 0;
+    this.connected = true;
+    this.host.claim(id, this);
+    this.everSent = this.host.marks(id);
+    // A clean session starts over: forget what a persistent session of this id kept.
+    let present = false;
+    const name = sessionName(id);
+    for (const s of this.host.messenger.subscribers()) {
+      if (s.name !== name) continue;
+      if (this.clean) void this.host.messenger.deleteSubscriber(s.pattern, name).catch(() => {});
+      else present = true;
+    }
+    this.send(
+      this.version === 5
+        ? ({ cmd: "connack", reasonCode: 0, sessionPresent: present, properties: { maximumPacketSize: this.host.cfg.maxPacketBytes, receiveMaximum: 65_535, retainAvailable: false } } as Packet)
+        : ({ cmd: "connack", returnCode: 0, sessionPresent: present } as Packet),
+    );
+    if (this.keepalive > 0) {
+      this.timer = setInterval(() => {
+        if (Date.now() - this.lastPacket > this.keepalive * 1500) this.fail(`no packet for 1.5 x keepalive (${this.keepalive} s)`, 0x8d);
+      }, Math.max(250, (this.keepalive * 1000) / 2));
+      this.timer.unref?.();
+    }
+    // A persistent session resumes its subscriptions, resending what was not acknowledged.
+    if (present) {
+      for (const s of this.host.messenger.subscribers()) {
+        if (s.name === name) this.startDelivery(s.pattern, 1);
+      }
+    }
+  }
+
+  private async store(topic: string, payload: Buffer): Promise<void> {
+    const channel = topicToChannel(topic);
+    await this.host.messenger.publish(channel, this.host.cfg.payloadType, payloadOf(payload));
+  }
+
+  private publish(p: IPublishPacket): void {
+    const qos = p.qos ?? 0;
+    const id = p.messageId;
+    let channel: string;
+    try {
+      channel = topicToChannel(p.topic);
+    } catch (err) {
+      // v5 can say why in the ack; 3.1.1 has no way but to close.
+      if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: 0x90 } as Packet);
+      return this.fail(`bad topic: ${String(err)}`, 0x90);
+    }
+    if (qos === 2 && id !== undefined && this.qos2.has(id)) return this.send({ cmd: "pubrec", messageId: id } as Packet); // handled once
+    const payload = payloadOf(p.payload as Buffer);
+    this.chain = this.chain.then(async () => {
+      try {
+        await this.host.messenger.publish(channel, this.host.cfg.payloadType, payload);
+      } catch (err) {
+        const code = (err as { code?: string }).code;
+        if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: code === "disk_full" ? 0x97 : 0x80 } as Packet);
+        return this.fail(`publish failed: ${String(err)}`);
+      }
+      // Only now, with the message durable, the acknowledgement.
+      if (qos === 1) this.send({ cmd: "puback", messageId: id } as Packet);
+      if (qos === 2 && id !== undefined) {
+        this.qos2.add(id);
+        this.send({ cmd: "pubrec", messageId: id } as Packet);
+      }
+    });
+  }
+
+  private subscribe(p: ISubscribePacket): void {
+    const granted: number[] = [];
+    for (const s of p.subscriptions) {
+      let pattern: string;
+      try {
+        pattern = filterToPattern(s.topic);
+      } catch (err) {
+        this.host.logger.warn("mqtt subscription refused", { client: this.clientId, filter: s.topic, error: String(err) });
+        granted.push(this.version === 5 ? 0x8f : 0x80);
+        continue;
+      }
+      const qos = (s.qos >= 1 ? 1 : 0) as 0 | 1; // QoS 2 is granted as 1
+      granted.push(qos);
+      this.startDelivery(pattern, qos);
+    }
+    this.send({ cmd: "suback", messageId: p.messageId, granted } as Packet);
+  }
+
+  private startDelivery(pattern: string, qos: 0 | 1): void {
+    this.deliveries.get(pattern)?.stop();
+    const m = this.host.messenger;
+    // Persistent: a durable subscriber (messages kept while the client is away). Clean: live only.
+    const sub = this.clean ? m.openVolatileSubscriber(pattern, `mqtt.${this.clientId}.${Bun.randomUUIDv7()}`) : m.openSubscriber(pattern, sessionName(this.clientId), { from: "latest" });
+    const d = new Delivery(this, sub, pattern, qos);
+    this.deliveries.set(pattern, d);
+    d.start();
+  }
+
+  private unsubscribe(p: IUnsubscribePacket): void {
+    for (const filter of p.unsubscriptions) {
+      let pattern: string;
+      try {
+        pattern = filterToPattern(filter);
+      } catch {
+        continue;
+      }
+      const d = this.deliveries.get(pattern);
+      if (!d) continue;
+      d.stop();
+      this.deliveries.delete(pattern);
+      if (this.clean) this.dropSubscriber(d.subscriber);
+      else void this.host.messenger.deleteSubscriber(pattern, sessionName(this.clientId)).catch(() => {});
+    }
+    this.send({ cmd: "unsuback", messageId: p.messageId } as Packet);
+  }
+
+  /** @internal Sends one stored message to the client. */
+  deliver(m: Message, qos: 0 | 1, delivery: Delivery | null): void {
+    const topic = channelToTopic(m.channel);
+    const payload = bytesOf(m.payload);
+    if (qos === 0 || !delivery) {
+      this.send({ cmd: "publish", topic, payload, qos: 0, retain: false, dup: false } as Packet);
+      return;
+    }
+    let id = this.nextId;
+    while (this.inflight.has(id)) id = (id % 65_535) + 1;
+    this.nextId = (id % 65_535) + 1;
+    this.inflight.set(id, { delivery, channel: m.channel, seq: m.seq });
+    const dup = (this.everSent.get(m.channel) ?? 0) >= m.seq;
+    this.everSent.set(m.channel, Math.max(this.everSent.get(m.channel) ?? 0, m.seq));
+    this.send({ cmd: "publish", topic, payload, qos: 1, messageId: id, retain: false, dup } as Packet);
+  }
+
+  private puback(id: number): void {
+    const f = this.inflight.get(id);
+    if (!f) return;
+    this.inflight.delete(id);
+    f.delivery.acked(f.channel, f.seq);
+    for (const d of this.deliveries.values()) if (d !== f.delivery) d.nudge();
+  }
+}

@@ -1,0 +1,144 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import mqtt, { type MqttClient } from "mqtt";
+import { freePort, tmpDir, waitFor } from "../helpers.ts";
+import { runAgent, type AgentProc } from "./agent-process.ts";
+
+let dir: string;
+let port: number;
+let agent: AgentProc;
+let cfgPath: string;
+const clients: MqttClient[] = [];
+
+const api = (method: string, path: string, body?: string) =>
+  fetch(`http://k${path}`, { method, body, headers: { "content-type": "application/json" }, unix: agent.socket } as RequestInit).then((r) => r.json() as Promise<any>);
+
+async function client(opts: mqtt.IClientOptions = {}): Promise<MqttClient> {
+  const c = await mqtt.connectAsync(`mqtt://127.0.0.1:${port}`, { reconnectPeriod: 0, ...opts });
+  clients.push(c);
+  return c;
+}
+
+/** Runs a mosquitto command-line client; resolves with its exit code and output. */
+async function mosq(args: string[]): Promise<{ code: number; out: string; err: string }> {
+  const p = Bun.spawn(args, { stdout: "pipe", stderr: "pipe" });
+  const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+  return { code, out, err };
+}
+
+beforeAll(async () => {
+  dir = tmpDir();
+  port = freePort();
+  cfgPath = join(dir, "k.yaml");
+  writeFileSync(cfgPath, `mqtt:\n  listen: 127.0.0.1:${port}\n  max_packet_bytes: 64KiB\n`);
+  agent = await runAgent(join(dir, "a"), ["--config", cfgPath]);
+});
+
+afterAll(async () => {
+  for (const c of clients) c.end(true);
+  agent.child.proc.kill("SIGTERM");
+  await agent.child.proc.exited;
+});
+
+describe("MQTT listener", () => {
+  test("mosquitto_pub at QoS 1 is stored (type mqtt, JSON text readable over HTTP); mosquitto_sub gets an HTTP publish unchanged", async () => {
+    const pub = await mosq(["mosquitto_pub", "-p", String(port), "-t", "sensors/kitchen/temp", "-m", '{"celsius":21.5}', "-q", "1", "-V", "mqttv311"]);
+    expect(pub.code).toBe(0);
+    const stored = await api("GET", "/v1/channels/sensors.kitchen.temp/messages?subscriber=h&from=earliest");
+    expect(stored.messages[0]).toMatchObject({ type: "mqtt", payload: '{"celsius":21.5}' });
+    const sub = Bun.spawn(["mosquitto_sub", "-p", String(port), "-t", "sensors/+/temp", "-q", "1", "-C", "1", "-V", "mqttv5", "-W", "10"], { stdout: "pipe", stderr: "pipe" });
+    // Publish until the subscription is in place and the message comes through.
+    let out = "";
+    const reading = new Response(sub.stdout).text().then((t) => (out = t));
+    await waitFor(async () => {
+      await api("POST", "/v1/channels/sensors.hall.temp/messages", JSON.stringify({ type: "reading", payload: { celsius: 19 } }));
+      return out !== "" || (await Promise.race([reading.then(() => true), Bun.sleep(100).then(() => false)]));
+    }, "mosquitto_sub got a message", 10_000, 0);
+    expect(await sub.exited).toBe(0);
+    expect(out.trim()).toBe('{"celsius":19}');
+  });
+
+  test("mqtt.js: + and # wildcards, QoS 0 and 1, bytes that are not UTF-8 arrive unchanged", async () => {
+    const sub = await client({ clientId: "wild" });
+    const got: { topic: string; payload: Buffer; qos: number }[] = [];
+    sub.on("message", (topic, payload, packet) => got.push({ topic, payload, qos: packet.qos }));
+    await sub.subscribeAsync({ "a/+/c": { qos: 1 }, "z/#": { qos: 0 } });
+    const pub = await client({ clientId: "pubber", protocolVersion: 5 });
+    const raw = Buffer.from([0xff, 0x00, 0xfe, 0x80]);
+    await pub.publishAsync("a/b/c", raw, { qos: 1 });
+    await pub.publishAsync("a/b/x", "not matched", { qos: 1 });
+    await pub.publishAsync("z/y/x/w", "deep", { qos: 0 });
+    await waitFor(() => got.length >= 2, "two matching messages");
+    const byTopic = Object.fromEntries(got.map((g) => [g.topic, g]));
+    expect([...byTopic["a/b/c"]!.payload]).toEqual([...raw]);
+    expect(byTopic["a/b/c"]!.qos).toBe(1);
+    expect(byTopic["z/y/x/w"]!.payload.toString()).toBe("deep");
+    expect(got.some((g) => g.topic === "a/b/x")).toBe(false);
+  });
+
+  test("a persistent session gets what was published while it was away, across a disconnect and across a keyop restart", async () => {
+    let c = await client({ clientId: "keeper", clean: false });
+    await c.subscribeAsync("orders/#", { qos: 1 });
+    await c.endAsync();
+    for (let i = 0; i < 3; i++) await api("POST", "/v1/channels/orders.new/messages", JSON.stringify({ type: "o", payload: { i } }));
+    const first: string[] = [];
+    c = await client({ clientId: "keeper", clean: false });
+    c.on("message", (_t, p) => first.push(p.toString()));
+    await waitFor(() => first.length >= 3, "three kept messages after reconnecting");
+    expect(first).toEqual(['{"i":0}', '{"i":1}', '{"i":2}']);
+    await c.endAsync();
+    // Published while the client is away, then keyop restarts: still there for it.
+    for (let i = 3; i < 5; i++) await api("POST", "/v1/channels/orders.new/messages", JSON.stringify({ type: "o", payload: { i } }));
+    agent.child.proc.kill("SIGTERM");
+    await agent.child.proc.exited;
+    agent = await runAgent(join(dir, "a"), ["--config", cfgPath]);
+    const second: string[] = [];
+    c = await client({ clientId: "keeper", clean: false });
+    c.on("message", (_t, p) => second.push(p.toString()));
+    await waitFor(() => second.length >= 2, "two kept messages after a keyop restart");
+    expect(second).toEqual(['{"i":3}', '{"i":4}']);
+  }, 60_000);
+
+  test("a will is published when a client goes away without DISCONNECT", async () => {
+    const watcher = await client({ clientId: "watcher" });
+    const wills: string[] = [];
+    watcher.on("message", (t, p) => t === "status/dev9" && wills.push(p.toString()));
+    await watcher.subscribeAsync("status/dev9", { qos: 1 });
+    const dying = await client({ clientId: "dev9", will: { topic: "status/dev9", payload: Buffer.from("offline"), qos: 1, retain: false } });
+    (dying as unknown as { stream: { destroy(): void } }).stream.destroy(); // no DISCONNECT: the socket just goes
+    await waitFor(() => wills.length === 1, "the will");
+    expect(wills).toEqual(["offline"]);
+  });
+
+  test("bad topics, an oversized packet and garbage: refused or cut off, the agent carries on", async () => {
+    // MQTT 5: the ack says why; the topic maps to no valid channel (an empty level).
+    const v5 = await client({ clientId: "bad5", protocolVersion: 5 });
+    const err = await v5.publishAsync("a//b", "x", { qos: 1 }).catch((e) => e);
+    expect(err?.code ?? err?.reasonCode).toBe(0x90);
+    // A filter MQTT allows but no keyop pattern matches (a "." inside a level) is refused in the SUBACK.
+    const refused = await v5.subscribeAsync("a/b.c/#", { qos: 1 }).catch((e) => e);
+    expect(refused.packet.granted).toEqual([0x8f]);
+    // MQTT 3.1.1 has no reason codes for a publish: the connection is closed.
+    const v4 = await client({ clientId: "bad4" });
+    const closed = new Promise<void>((r) => v4.on("close", () => r()));
+    v4.publish("x/.hidden", "x", { qos: 1 });
+    await closed;
+    // More than max_packet_bytes: cut off.
+    const big = await client({ clientId: "big" });
+    const bigClosed = new Promise<void>((r) => big.on("close", () => r()));
+    big.publish("big/one", Buffer.alloc(100 * 1024), { qos: 1 });
+    await bigClosed;
+    expect((await api("GET", "/v1/channels")).channels.some((c: any) => c.channel === "big.one")).toBe(false);
+    // Garbage instead of MQTT.
+    const junk = await new Promise<boolean>((resolve) => {
+      Bun.connect({ hostname: "127.0.0.1", port, socket: { open: (s) => void s.write("GET / HTTP/1.1\r\n\r\n\xff\xff\xff"), data() {}, close: () => resolve(true), error: () => resolve(true) } }).catch(() => resolve(false));
+    });
+    expect(junk).toBe(true);
+    // Still serving.
+    expect(agent.child.proc.exitCode).toBe(null);
+    const ok = await client({ clientId: "after" });
+    await ok.publishAsync("still/here", "yes", { qos: 1 });
+    expect((await api("GET", "/v1/channels/still.here/messages?subscriber=h&from=earliest")).messages[0].payload).toBe("yes");
+  });
+});
