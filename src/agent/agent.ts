@@ -86,7 +86,7 @@ export class Agent {
         if (seeded > 0) logger.info("duplicate filter loaded from the log", { ids: seeded, ms: Math.round(performance.now() - t0) });
         agent.federation.start();
       }
-      if (config.mqtt) agent.mqtt = await MqttServer.start(messenger, config.mqtt, logger);
+      if (config.mqtt) agent.mqtt = await MqttServer.start(messenger, config.mqtt, logger, config.storage.dataDir);
     } catch (err) {
       agent?.mqtt?.stop();
       await agent?.federation?.stop().catch(() => {});

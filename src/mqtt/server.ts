@@ -9,6 +9,8 @@ import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import { prepareSocketPath } from "../api/socket-file.ts";
 import { MqttSession, type SessionHost } from "./session.ts";
+import { RetainedStore } from "./retained.ts";
+import { join } from "node:path";
 
 interface Conn {
   session?: MqttSession;
@@ -25,16 +27,18 @@ export class MqttServer implements SessionHost {
   private readonly clients = new Map<string, MqttSession>();
   private readonly sentMarks = new Map<string, Map<string, number>>();
   private readonly sockets = new Set<Socket<Conn>>();
+  readonly retained: RetainedStore;
 
-  private constructor(messenger: Messenger, cfg: MqttConfig, logger: Logger) {
+  private constructor(messenger: Messenger, cfg: MqttConfig, logger: Logger, retained: RetainedStore) {
     this.messenger = messenger;
     this.cfg = cfg;
     this.logger = logger;
+    this.retained = retained;
   }
 
-  /** Starts listening on what `cfg` names. */
-  static async start(messenger: Messenger, cfg: MqttConfig, logger: Logger): Promise<MqttServer> {
-    const s = new MqttServer(messenger, cfg, logger);
+  /** Starts listening on what `cfg` names; retained messages live under `dataDir`. */
+  static async start(messenger: Messenger, cfg: MqttConfig, logger: Logger, dataDir: string): Promise<MqttServer> {
+    const s = new MqttServer(messenger, cfg, logger, await RetainedStore.open(join(dataDir, "mqtt-retained")));
     const handlers = s.handlers();
     if (cfg.listen) {
       const i = cfg.listen.lastIndexOf(":");

@@ -14,6 +14,8 @@ import type { DurableSubscriber, Positions } from "../messenger/durable-subscrib
 import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
 import { channelToTopic, filterToPattern, topicToChannel } from "./topics.ts";
+import type { RetainedStore } from "./retained.ts";
+import { compilePattern } from "../envelope/names.ts";
 
 /** What a session needs from the server around it. */
 export interface SessionHost {
@@ -27,6 +29,7 @@ export interface SessionHost {
   count(): number;
   /** Highest seq sent per channel to this client id, kept across its connections (for DUP). */
   marks(clientId: string): Map<string, number>;
+  retained: RetainedStore;
 }
 
 /** The socket operations a session uses. */
@@ -305,7 +308,7 @@ export class MqttSession {
     }
     this.send(
       this.version === 5
-        ? ({ cmd: "connack", reasonCode: 0, sessionPresent: present, properties: { maximumPacketSize: this.host.cfg.maxPacketBytes, receiveMaximum: 65_535, retainAvailable: false } } as Packet)
+        ? ({ cmd: "connack", reasonCode: 0, sessionPresent: present, properties: { maximumPacketSize: this.host.cfg.maxPacketBytes, receiveMaximum: 65_535 } } as Packet)
         : ({ cmd: "connack", returnCode: 0, sessionPresent: present } as Packet),
     );
     if (this.keepalive > 0) {
@@ -343,6 +346,8 @@ export class MqttSession {
     this.chain = this.chain.then(async () => {
       try {
         await this.host.messenger.publish(channel, this.host.cfg.payloadType, payload);
+        // The channel's retained message, kept durably before the acknowledgement too.
+        if (p.retain) await this.host.retained.set(channel, p.payload as Buffer);
       } catch (err) {
         const code = (err as { code?: string }).code;
         if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: code === "disk_full" ? 0x97 : 0x80 } as Packet);
@@ -359,6 +364,7 @@ export class MqttSession {
 
   private subscribe(p: ISubscribePacket): void {
     const granted: number[] = [];
+    const retained: string[] = [];
     for (const s of p.subscriptions) {
       let pattern: string;
       try {
@@ -371,8 +377,15 @@ export class MqttSession {
       const qos = (s.qos >= 1 ? 1 : 0) as 0 | 1; // QoS 2 is granted as 1
       granted.push(qos);
       this.startDelivery(pattern, qos);
+      retained.push(pattern);
     }
     this.send({ cmd: "suback", messageId: p.messageId, granted } as Packet);
+    // Then the retained message of every channel each new subscription matches (QoS 0, retain set).
+    for (const pattern of retained) {
+      for (const [channel, payload] of this.host.retained.matching(compilePattern(pattern))) {
+        this.send({ cmd: "publish", topic: channelToTopic(channel), payload: Buffer.from(payload), qos: 0, retain: true, dup: false } as Packet);
+      }
+    }
   }
 
   private startDelivery(pattern: string, qos: 0 | 1): void {

@@ -3,7 +3,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import mqtt, { type MqttClient } from "mqtt";
 import { freePort, tmpDir, waitFor } from "../helpers.ts";
-import { runAgent, type AgentProc } from "./agent-process.ts";
+import { fleet, runAgent, type AgentProc } from "./agent-process.ts";
 
 let dir: string;
 let port: number;
@@ -100,6 +100,28 @@ describe("MQTT listener", () => {
     expect(second).toEqual(['{"i":3}', '{"i":4}']);
   }, 60_000);
 
+  test("retained: the last one per channel is sent on subscribe with the retain flag, kept across a restart, cleared by an empty one", async () => {
+    expect((await mosq(["mosquitto_pub", "-p", String(port), "-t", "home/door", "-m", "closed", "-q", "1", "-r"])).code).toBe(0);
+    expect((await mosq(["mosquitto_pub", "-p", String(port), "-t", "home/door", "-m", "open", "-q", "1", "-r"])).code).toBe(0);
+    const first = async () => {
+      const c = await client({ clientId: `late-${Math.random().toString(36).slice(2)}` });
+      const got = new Promise<{ payload: string; retain: boolean }>((r) => c.on("message", (_t, p, packet) => r({ payload: p.toString(), retain: packet.retain })));
+      await c.subscribeAsync("home/#", { qos: 1 });
+      // A marker after the subscription: when nothing is retained, the marker comes first.
+      await api("POST", "/v1/channels/home.marker/messages", JSON.stringify({ type: "m", payload: "marker" }));
+      const m = await got;
+      await c.endAsync();
+      return m;
+    };
+    expect(await first()).toEqual({ payload: "open", retain: true });
+    agent.child.proc.kill("SIGTERM");
+    await agent.child.proc.exited;
+    agent = await runAgent(join(dir, "a"), ["--config", cfgPath]);
+    expect(await first()).toEqual({ payload: "open", retain: true });
+    expect((await mosq(["mosquitto_pub", "-p", String(port), "-t", "home/door", "-n", "-q", "1", "-r"])).code).toBe(0);
+    expect(await first()).toEqual({ payload: "marker", retain: false });
+  }, 60_000);
+
   test("a will is published when a client goes away without DISCONNECT", async () => {
     const watcher = await client({ clientId: "watcher" });
     const wills: string[] = [];
@@ -141,4 +163,34 @@ describe("MQTT listener", () => {
     await ok.publishAsync("still/here", "yes", { qos: 1 });
     expect((await api("GET", "/v1/channels/still.here/messages?subscriber=h&from=earliest")).messages[0].payload).toBe("yes");
   });
+});
+
+describe("MQTT across a hub", () => {
+  test("mosquitto_pub on device A reaches mosquitto_sub on device B through a hub", async () => {
+    const d = tmpDir();
+    const tls = await fleet(d, ["hub", "devA", "devB"]);
+    const hubPort = freePort();
+    const [mqttA, mqttB] = [freePort(), freePort()];
+    const cfg = (n: string, body: string) => {
+      writeFileSync(join(d, `${n}.yaml`), tls(n) + body);
+      return join(d, `${n}.yaml`);
+    };
+    const hub = await runAgent(join(d, "hub"), ["--config", cfg("hub", `hub:\n  listen: 127.0.0.1:${hubPort}\n  peers:\n    - name: devA\n      publish: ["plant.>"]\n      subscribe: []\n    - name: devB\n      publish: []\n      subscribe: ["plant.>"]\n`)]);
+    const a = await runAgent(join(d, "a"), ["--config", cfg("devA", `mqtt:\n  listen: 127.0.0.1:${mqttA}\nlinks:\n  - hub: 127.0.0.1:${hubPort}\n    publish: ["plant.>"]\n    subscribe: []\n`)]);
+    const b = await runAgent(join(d, "b"), ["--config", cfg("devB", `mqtt:\n  listen: 127.0.0.1:${mqttB}\nlinks:\n  - hub: 127.0.0.1:${hubPort}\n    publish: []\n    subscribe: ["plant.>"]\n`)]);
+    try {
+      // A persistent session on B (so nothing is missed while the links come up), then the publish on A.
+      const sub = await mqtt.connectAsync(`mqtt://127.0.0.1:${mqttB}`, { clientId: "plant-reader", clean: false, reconnectPeriod: 0 });
+      const got = new Promise<{ topic: string; payload: string }>((r) => sub.on("message", (topic, p) => r({ topic, payload: p.toString() })));
+      await sub.subscribeAsync("plant/#", { qos: 1 });
+      expect((await mosq(["mosquitto_pub", "-p", String(mqttA), "-t", "plant/line1/pressure", "-m", '{"bar":2.5}', "-q", "1"])).code).toBe(0);
+      expect(await got).toEqual({ topic: "plant/line1/pressure", payload: '{"bar":2.5}' });
+      await sub.endAsync();
+    } finally {
+      for (const x of [a, b, hub]) {
+        x.child.proc.kill("SIGTERM");
+        await x.child.proc.exited;
+      }
+    }
+  }, 60_000);
 });
