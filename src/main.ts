@@ -12,6 +12,7 @@ import { cmdSub } from "./cli/sub.ts";
 import { cmdPull } from "./cli/pull.ts";
 import { cmdChannels, cmdStatus, cmdVersion } from "./cli/info.ts";
 import { cmdCert } from "./cli/cert.ts";
+import { cmdPasswd } from "./cli/passwd.ts";
 
 const USAGE = `usage: keyop <command> [options]
 
@@ -22,6 +23,7 @@ const USAGE = `usage: keyop <command> [options]
   channels   list channels and subscribers
   status     show the agent's status
   cert       make and inspect federation certificates (ca, issue, inspect)
+  passwd     hash a password (stdin) for mqtt.users
   version    print the version
 
 "keyop <command> --help" describes each command.`;
@@ -35,6 +37,7 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   status: cmdStatus,
   version: cmdVersion,
   cert: cmdCert,
+  passwd: cmdPasswd,
 };
 
 /** Runs the command line `argv` (without the executable); resolves with the exit code. */

@@ -64,7 +64,18 @@ export class Agent {
       logger,
     });
     let agent: Agent | undefined;
+    let mqttServer: MqttServer | undefined;
+    let federation: Federation | undefined;
     try {
+      // The slow parts first: once the API socket answers, everything the agent offers does.
+      if (federated) {
+        // The config validation guarantees tls is set whenever hub or links are.
+        federation = new Federation(messenger, config, tls!, logger);
+        const t0 = performance.now();
+        const seeded = await federation.seedDedup();
+        if (seeded > 0) logger.info("duplicate filter loaded from the log", { ids: seeded, ms: Math.round(performance.now() - t0) });
+      }
+      if (config.mqtt) mqttServer = await MqttServer.start(messenger, config.mqtt, logger, config.storage.dataDir);
       const api = await ApiServer.start({
         socketPath: config.api.socket,
         socketMode: config.api.socketMode,
@@ -78,18 +89,14 @@ export class Agent {
         }),
       });
       agent = new Agent(config, messenger, api, logger, tls);
-      if (federated) {
-        // The config validation guarantees tls is set whenever hub or links are.
-        agent.federation = new Federation(messenger, config, tls!, logger);
-        const t0 = performance.now();
-        const seeded = await agent.federation.seedDedup();
-        if (seeded > 0) logger.info("duplicate filter loaded from the log", { ids: seeded, ms: Math.round(performance.now() - t0) });
-        agent.federation.start();
+      agent.mqtt = mqttServer;
+      if (federation) {
+        agent.federation = federation;
+        federation.start();
       }
-      if (config.mqtt) agent.mqtt = await MqttServer.start(messenger, config.mqtt, logger, config.storage.dataDir);
     } catch (err) {
-      agent?.mqtt?.stop();
-      await agent?.federation?.stop().catch(() => {});
+      mqttServer?.stop();
+      await federation?.stop().catch(() => {});
       await agent?.api.stop().catch(() => {});
       await messenger.close();
       throw err;

@@ -69,6 +69,16 @@ export interface MqttConfig {
   maxPacketBytes: number;
   /** Envelope type of messages published over MQTT. */
   payloadType: string;
+  /** When not empty, clients must log in as one of these and keep to its rules. */
+  users: MqttUser[];
+}
+
+/** An MQTT login: a password hash (`keyop passwd`) and the channel patterns the user may use. */
+export interface MqttUser {
+  name: string;
+  passwordHash: string;
+  publish: string[];
+  subscribe: string[];
 }
 
 /** Command-line values that win over the file. */
@@ -308,7 +318,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     log: { level, format: r.oneOf(log.format, "log.format", ["json", "text"] as const) ?? "json" },
     mqtt: undefined,
   };
-  const mqttRaw = r.obj(top.mqtt, "mqtt", ["listen", "socket", "max_clients", "max_inflight", "max_packet_bytes", "payload_type"]);
+  const mqttRaw = r.obj(top.mqtt, "mqtt", ["listen", "socket", "max_clients", "max_inflight", "max_packet_bytes", "payload_type", "users"]);
   if (top.mqtt !== undefined && top.mqtt !== null) {
     const m = mqttRaw ?? {};
     const listen = m.listen === undefined ? undefined : r.hostPort(m.listen, "mqtt.listen");
@@ -320,7 +330,20 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       maxInflight: r.int(m.max_inflight, "mqtt.max_inflight", 1, 65_535) ?? 64,
       maxPacketBytes: r.size(m.max_packet_bytes, "mqtt.max_packet_bytes", 64) ?? 1024 * 1024,
       payloadType: r.str(m.payload_type, "mqtt.payload_type") ?? "mqtt",
+      users: [],
     };
+    const seenUsers = new Set<string>();
+    r.list(m.users, "mqtt.users").forEach((u, i) => {
+      const path = `mqtt.users[${i}]`;
+      const o = r.obj(u, path, ["name", "password_hash", "publish", "subscribe"]);
+      if (!o) return void r.fail(path, "must be a mapping");
+      const uname = r.required(o.name, `${path}.name`, r.str);
+      const hash = r.required(o.password_hash, `${path}.password_hash`, r.str);
+      if (hash !== undefined && !hash.startsWith("$")) r.fail(`${path}.password_hash`, "must be a hash made by keyop passwd (it starts with $)");
+      if (uname && seenUsers.has(uname)) r.fail(`${path}.name`, `duplicate user "${uname}"`);
+      if (uname) seenUsers.add(uname);
+      if (uname && hash) cfg.mqtt!.users.push({ name: uname, passwordHash: hash, publish: r.patterns(o.publish, `${path}.publish`), subscribe: r.patterns(o.subscribe, `${path}.subscribe`) });
+    });
   }
   if (cfg.subscribers.retryBackoffMaxMs < cfg.subscribers.retryBackoffBaseMs) {
     r.fail("subscribers.retry_backoff_max_ms", "must not be less than retry_backoff_base_ms");

@@ -108,6 +108,13 @@ class Delivery {
       const msgs = await this.sub.fetch({ max: Math.min(room, 500), after: this.sent });
       if (this.stopped) return;
       for (const m of msgs) {
+        if (!this.session.mayReceive(m.channel)) {
+          // Outside the user's subscribe rules: passed over, as a hub passes over what a peer may not get.
+          const log = this.session.host.messenger.channelLog(m.channel);
+          if (log && this.qos === 0) this.sub.ack(log, m.seq);
+          else this.acked(m.channel, m.seq, true);
+          continue;
+        }
         if (this.qos === 0) {
           this.session.deliver(m, 0, null);
           const log = this.session.host.messenger.channelLog(m.channel);
@@ -124,7 +131,12 @@ class Delivery {
   }
 
   /** The client acknowledged `seq` on `channel`: the cursor moves past every acknowledged prefix. */
-  acked(channel: string, seq: number): void {
+  acked(channel: string, seq: number, skipped = false): void {
+    if (skipped) {
+      const l = this.pending.get(channel) ?? [];
+      l.push({ seq, acked: true });
+      this.pending.set(channel, l);
+    }
     const list = this.pending.get(channel);
     if (!list) return;
     const e = list.find((x) => x.seq === seq);
@@ -176,6 +188,9 @@ export class MqttSession {
   private readonly qos2 = new Set<number>();
   /** Publishes handled one after another, so a client's messages keep their order. */
   private chain: Promise<void> = Promise.resolve();
+  /** The logged-in user's rules (null: no users configured, everything allowed). */
+  private mayPublish: ((channel: string) => boolean) | null = null;
+  private maySubscribe: ((channel: string) => boolean) | null = null;
 
   constructor(host: SessionHost, wire: Wire) {
     this.host = host;
@@ -237,6 +252,11 @@ export class MqttSession {
     if (this.clean) this.host.messenger.dropVolatileSubscriber(sub);
   }
 
+  /** Whether the logged-in user may receive messages of `channel`. */
+  mayReceive(channel: string): boolean {
+    return !this.maySubscribe || this.maySubscribe(channel);
+  }
+
   /** Room for more QoS 1 messages in flight to this client. */
   room(): number {
     return this.host.cfg.maxInflight - this.inflight.size;
@@ -244,6 +264,7 @@ export class MqttSession {
 
   private packet(p: Packet): void {
     if (this.closed) return;
+    if (this.connecting) return void this.waiting.push(p);
     if (!this.connected && p.cmd !== "connect") return this.fail(`${p.cmd} before CONNECT`);
     switch (p.cmd) {
       case "connect":
@@ -270,7 +291,36 @@ export class MqttSession {
   }
 
   private connect(p: IConnectPacket): void {
-    if (this.connected) return this.fail("second CONNECT");
+    if (this.connected || this.connecting) return this.fail("second CONNECT");
+    const users = this.host.cfg.users;
+    if (users.length === 0) return this.accept(p);
+    // Logins are checked off the packet path (password hashes are slow on purpose); what the
+    // client sends meanwhile waits.
+    this.connecting = true;
+    const user = users.find((u) => u.name === p.username);
+    const password = p.password ? Buffer.from(p.password).toString("utf8") : "";
+    void (user ? Bun.password.verify(password, user.passwordHash).catch(() => false) : Promise.resolve(false)).then((ok) => {
+      this.connecting = false;
+      if (this.closed) return;
+      this.version = p.protocolVersion === 5 ? 5 : p.protocolVersion === 3 ? 3 : 4;
+      if (!ok || !user) {
+        this.host.logger.warn("mqtt login refused", { user: p.username, client: p.clientId });
+        this.send(this.version === 5 ? ({ cmd: "connack", reasonCode: 0x86, sessionPresent: false } as Packet) : ({ cmd: "connack", returnCode: 4, sessionPresent: false } as Packet));
+        return this.shutdown(false);
+      }
+      const pub = user.publish.map(compilePattern);
+      const sub = user.subscribe.map(compilePattern);
+      this.mayPublish = (c) => pub.some((m) => m(c));
+      this.maySubscribe = (c) => sub.some((m) => m(c));
+      this.accept(p);
+      for (const q of this.waiting.splice(0)) this.packet(q);
+    });
+  }
+
+  private connecting = false;
+  private readonly waiting: Packet[] = [];
+
+  private accept(p: IConnectPacket): void {
     this.version = p.protocolVersion === 5 ? 5 : p.protocolVersion === 3 ? 3 : 4;
     const refuse = (v5: number, v4: number, why: string) => {
       this.host.logger.warn("mqtt connect refused", { client: p.clientId, reason: why });
@@ -341,6 +391,11 @@ export class MqttSession {
       if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: 0x90 } as Packet);
       return this.fail(`bad topic: ${String(err)}`, 0x90);
     }
+    if (this.mayPublish && !this.mayPublish(channel)) {
+      this.host.logger.warn("mqtt publish outside the user's rules", { client: this.clientId, channel });
+      if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: 0x87 } as Packet);
+      return this.fail(`not authorized to publish on ${channel}`, 0x87);
+    }
     if (qos === 2 && id !== undefined && this.qos2.has(id)) return this.send({ cmd: "pubrec", messageId: id } as Packet); // handled once
     const payload = payloadOf(p.payload as Buffer);
     this.chain = this.chain.then(async () => {
@@ -382,7 +437,8 @@ export class MqttSession {
     this.send({ cmd: "suback", messageId: p.messageId, granted } as Packet);
     // Then the retained message of every channel each new subscription matches (QoS 0, retain set).
     for (const pattern of retained) {
-      for (const [channel, payload] of this.host.retained.matching(compilePattern(pattern))) {
+      const m = compilePattern(pattern);
+      for (const [channel, payload] of this.host.retained.matching((c) => m(c) && this.mayReceive(c))) {
         this.send({ cmd: "publish", topic: channelToTopic(channel), payload: Buffer.from(payload), qos: 0, retain: true, dup: false } as Packet);
       }
     }

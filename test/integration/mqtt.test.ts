@@ -3,7 +3,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import mqtt, { type MqttClient } from "mqtt";
 import { freePort, tmpDir, waitFor } from "../helpers.ts";
-import { fleet, runAgent, type AgentProc } from "./agent-process.ts";
+import { cli, fleet, runAgent, type AgentProc } from "./agent-process.ts";
 
 let dir: string;
 let port: number;
@@ -191,6 +191,42 @@ describe("MQTT across a hub", () => {
         x.child.proc.kill("SIGTERM");
         await x.child.proc.exited;
       }
+    }
+  }, 60_000);
+});
+
+describe("MQTT users", () => {
+  test("a password hashed with keyop passwd lets the user in; a wrong one is refused; the user's topic rules hold", async () => {
+    const d = tmpDir();
+    const hash = await cli(["passwd"], { stdin: "s3cret\n" });
+    expect(hash.code).toBe(0);
+    expect(hash.out.startsWith("$argon2id$")).toBe(true);
+    const p = freePort();
+    writeFileSync(join(d, "k.yaml"), `mqtt:\n  listen: 127.0.0.1:${p}\n  users:\n    - name: sensor\n      password_hash: "${hash.out.trim()}"\n      publish: ["sensors.>"]\n      subscribe: ["cmd.sensor.>"]\n`);
+    const a = await runAgent(join(d, "a"), ["--config", join(d, "k.yaml")]);
+    const post = (path: string, body: unknown) => fetch(`http://k${path}`, { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit);
+    try {
+      const wrong = await mqtt.connectAsync(`mqtt://127.0.0.1:${p}`, { username: "sensor", password: "nope", reconnectPeriod: 0 }).catch((e) => e);
+      expect(wrong.code).toBe(4); // bad user name or password (3.1.1)
+      const nobody = await mqtt.connectAsync(`mqtt://127.0.0.1:${p}`, { reconnectPeriod: 0, protocolVersion: 5 }).catch((e) => e);
+      expect(nobody.code).toBe(0x86);
+      const c = await mqtt.connectAsync(`mqtt://127.0.0.1:${p}`, { username: "sensor", password: "s3cret", protocolVersion: 5, reconnectPeriod: 0 });
+      clients.push(c);
+      await c.publishAsync("sensors/t1", "20", { qos: 1 });
+      const refused = await c.publishAsync("other/t1", "20", { qos: 1 }).catch((e) => e);
+      expect(refused.code ?? refused.reasonCode).toBe(0x87);
+      const got: string[] = [];
+      c.on("message", (t) => got.push(t));
+      await c.subscribeAsync("cmd/#", { qos: 1 });
+      await post("/v1/channels/cmd.other.go/messages", { type: "c", payload: 1 });
+      await post("/v1/channels/cmd.sensor.go/messages", { type: "c", payload: 2 });
+      await waitFor(() => got.length >= 1, "the sensor's command");
+      expect(got).toEqual(["cmd/sensor/go"]);
+      const stored = await (await fetch("http://k/v1/channels", { unix: a.socket } as RequestInit)).json() as { channels: { channel: string }[] };
+      expect(stored.channels.map((x) => x.channel).sort()).toEqual(["cmd.other.go", "cmd.sensor.go", "sensors.t1"]);
+    } finally {
+      a.child.proc.kill("SIGTERM");
+      await a.child.proc.exited;
     }
   }, 60_000);
 });
