@@ -230,6 +230,23 @@ async function ingest(): Promise<void> {
     await a.stop();
   }
 
+  // keyop's MQTT listener (issue 10), sync always: the same client and loop as for Mosquitto.
+  {
+    const port = freePort();
+    const p = await start(dir("keyop-mqtt"), "mqtt-agent", `mqtt:\n  listen: 127.0.0.1:${port}\n`, "always");
+    await waitPort(port, "keyop mqtt");
+    const c = await mqtt.connectAsync(`mqtt://127.0.0.1:${port}`, { clean: true, clientId: "bench-keyop-mqtt" });
+    for (const n of [1, 64]) {
+      const c0 = cpuOf(p.proc.pid);
+      const rate = await workers(n, SECS, () => c.publishAsync("bench/in", PAYLOAD, { qos: 1 }));
+      const label = `keyop MQTT QoS 1 (sync=always), ${n} in flight`;
+      row("1 ingest", label, rate, "msg/s", `TCP loopback; CPU ${(((cpuOf(p.proc.pid) - c0) / (rate * SECS)) * 100_000).toFixed(2)} s per 100,000`);
+      charts.ingest!.push({ label, value: rate, series: "keyop" });
+    }
+    await c.endAsync();
+    await stop(p);
+  }
+
   const mq = await mosquitto("mq-ingest");
   const client = await mqtt.connectAsync(`mqtt://127.0.0.1:${mq.port}`, { clean: true, clientId: "bench-ingest" });
   const idle = rssOf(mq.proc.pid!);
@@ -606,6 +623,8 @@ function targets(): void {
   const verdict = (ok: boolean) => (ok ? "met" : "MISSED");
   row("targets", "keyop always / mosquitto QoS 1 ingest, 64 in flight", k / m, "x", `>= 1: ${verdict(k >= m)}`);
   row("targets", "keyop always / NATS JetStream ingest, 64 in flight", k / n, "x", `> 1: ${verdict(k > n)}`);
+  const km = get("keyop MQTT QoS 1 (sync=always), 64 in flight");
+  row("targets", "keyop MQTT QoS 1 (fsyncing) / mosquitto QoS 1, 64 in flight", km / m, "x", `>= 1 (issue 10): ${verdict(km >= m)}`);
   for (const rate of [1000, 5000]) {
     const kp = latencies[`keyop@${rate}`]?.p99 ?? NaN;
     const others = Math.min(latencies[`mosquitto@${rate}`]?.p99 ?? Infinity, latencies[`nats@${rate}`]?.p99 ?? Infinity);

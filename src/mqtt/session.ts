@@ -186,7 +186,7 @@ export class MqttSession {
   private nextId = 1;
   /** QoS 2 publishes stored and not yet released, by packet id. */
   private readonly qos2 = new Set<number>();
-  /** Publishes handled one after another, so a client's messages keep their order. */
+  /** Acknowledgements of publishes, in the order the publishes came. */
   private chain: Promise<void> = Promise.resolve();
   /** The logged-in user's rules (null: no users configured, everything allowed). */
   private mayPublish: ((channel: string) => boolean) | null = null;
@@ -398,9 +398,13 @@ export class MqttSession {
     }
     if (qos === 2 && id !== undefined && this.qos2.has(id)) return this.send({ cmd: "pubrec", messageId: id } as Packet); // handled once
     const payload = payloadOf(p.payload as Buffer);
+    // Stored at once, so that publishes in flight together share one group commit (the log keeps
+    // their order); only the acknowledgements are chained, each after its own write is durable.
+    const stored = this.host.messenger.publish(channel, this.host.cfg.payloadType, payload);
+    stored.catch(() => {}); // (handled in the chain below)
     this.chain = this.chain.then(async () => {
       try {
-        await this.host.messenger.publish(channel, this.host.cfg.payloadType, payload);
+        await stored;
         // The channel's retained message, kept durably before the acknowledgement too.
         if (p.retain) await this.host.retained.set(channel, p.payload as Buffer);
       } catch (err) {
