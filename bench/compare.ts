@@ -334,6 +334,33 @@ async function twoHopsKeyop(sync: string): Promise<void> {
   }
 }
 
+async function twoHopsKeyopMqtt(): Promise<void> {
+  const ports = { devA: freePort(), devB: freePort() };
+  const trio = await startTrio(dir("keyop-hops-mqtt"), { pattern: "bench.>", deviceYaml: (n) => `mqtt:\n  listen: 127.0.0.1:${ports[n]}\n` });
+  try {
+    for (const rate of [1000, 5000]) {
+      const topic = `bench/mqttlat${rate}`;
+      const lat: number[] = [];
+      let warm = true;
+      const sub = await mqtt.connectAsync(`mqtt://127.0.0.1:${ports.devB}`, { clean: true, clientId: `lat-sub-${rate}` });
+      await sub.subscribeAsync(topic, { qos: 1 });
+      sub.on("message", (_t, p) => !warm && lat.push(performance.timeOrigin + performance.now() - JSON.parse(p.toString()).t));
+      const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${ports.devA}`, { clean: true, clientId: `lat-pub-${rate}` });
+      await pace(rate, rate * 2, 64, () => pub.publishAsync(topic, JSON.stringify(stamp()), { qos: 1 }));
+      await Bun.sleep(500);
+      warm = false;
+      const total = rate * LAT_SECS;
+      await pace(rate, total, 64, () => pub.publishAsync(topic, JSON.stringify(stamp()), { qos: 1 }));
+      await arrivals(() => lat.length, total, 3000, 30_000);
+      await pub.endAsync();
+      await sub.endAsync();
+      latencyRows("keyop MQTT (sync=always)", "keyop-mqtt", rate, lat, total);
+    }
+  } finally {
+    for (const p of [trio.devA, trio.devB, trio.hub]) await stop(p).catch(() => {});
+  }
+}
+
 async function mosquittoTrio(tag: string): Promise<{ hub: Server & { conf: string }; a: Server; b: Server; restartHub: () => Promise<void> }> {
   const hub = await mosquitto(`${tag}-hub`);
   const bridge = (name: string, direction: string) => "\n" + readFileSync(join(CONFIGS, "mosquitto-bridge.conf"), "utf8").replaceAll("{{HUB_PORT}}", String(hub.port)).replaceAll("{{DIRECTION}}", direction).replaceAll("{{NAME}}", `${tag}-${name}`);
@@ -645,6 +672,7 @@ try {
     ["1+5 ingest and resources", ingest],
     ["2 two hops: keyop sync=always", () => twoHopsKeyop("always")],
     ["2 two hops: keyop sync=none", () => twoHopsKeyop("none")],
+    ["2 two hops: keyop MQTT", twoHopsKeyopMqtt],
     ["2 two hops: mosquitto", twoHopsMosquitto],
     ["2 two hops: nats", twoHopsNats],
     ["3 store and forward: keyop", backlogKeyop],

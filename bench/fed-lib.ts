@@ -124,7 +124,7 @@ export interface Trio {
  * allowed nothing), starts the hub and both devices with `sync` on every
  * hop, and waits until both links are open.
  */
-export async function startTrio(dir: string, opts: { pattern?: string; extraPeers?: string[]; sync?: string } = {}): Promise<Trio> {
+export async function startTrio(dir: string, opts: { pattern?: string; extraPeers?: string[]; sync?: string; deviceYaml?: (name: "devA" | "devB") => string } = {}): Promise<Trio> {
   const pattern = opts.pattern ?? "t.>";
   const extra = opts.extraPeers ?? [];
   const ca = await createCa();
@@ -143,8 +143,9 @@ export async function startTrio(dir: string, opts: { pattern?: string; extraPeer
   const hubYaml = tls("hub") + `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers.join("\n")}\n`;
   const fedOpts = "federation:\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n";
   const hub = await start(dir, "hub", hubYaml, storage);
-  const devA = await start(dir, "devA", tls("devA") + fedOpts + `links:\n  - hub: 127.0.0.1:${port}\n    publish: ['${pattern}']\n    subscribe: []\n`, storage);
-  const devB = await start(dir, "devB", tls("devB") + fedOpts + `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ['${pattern}']\n`, storage);
+  const extraYaml = opts.deviceYaml ?? (() => "");
+  const devA = await start(dir, "devA", tls("devA") + fedOpts + extraYaml("devA") + `links:\n  - hub: 127.0.0.1:${port}\n    publish: ['${pattern}']\n    subscribe: []\n`, storage);
+  const devB = await start(dir, "devB", tls("devB") + fedOpts + extraYaml("devB") + `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ['${pattern}']\n`, storage);
   await until("links open", async () => (await status(devA)).links[0]?.state === "open" && (await status(devB)).links[0]?.state === "open");
   return { dir, port, hub, devA, devB, hubYaml, sync: storage };
 }
