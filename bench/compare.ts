@@ -338,26 +338,35 @@ async function twoHopsKeyopMqtt(): Promise<void> {
   const ports = { devA: freePort(), devB: freePort() };
   const trio = await startTrio(dir("keyop-hops-mqtt"), { pattern: "bench.>", deviceYaml: (n) => `mqtt:\n  listen: 127.0.0.1:${ports[n]}\n` });
   try {
-    for (const rate of [1000, 5000]) {
-      const topic = `bench/mqttlat${rate}`;
-      const lat: number[] = [];
-      let warm = true;
-      const sub = await mqtt.connectAsync(`mqtt://127.0.0.1:${ports.devB}`, { clean: true, clientId: `lat-sub-${rate}` });
-      await sub.subscribeAsync(topic, { qos: 1 });
-      sub.on("message", (_t, p) => !warm && lat.push(performance.timeOrigin + performance.now() - JSON.parse(p.toString()).t));
-      const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${ports.devA}`, { clean: true, clientId: `lat-pub-${rate}` });
-      await pace(rate, rate * 2, 64, () => pub.publishAsync(topic, JSON.stringify(stamp()), { qos: 1 }));
-      await Bun.sleep(500);
-      warm = false;
-      const total = rate * LAT_SECS;
-      await pace(rate, total, 64, () => pub.publishAsync(topic, JSON.stringify(stamp()), { qos: 1 }));
-      await arrivals(() => lat.length, total, 3000, 30_000);
-      await pub.endAsync();
-      await sub.endAsync();
-      latencyRows("keyop MQTT (sync=always)", "keyop-mqtt", rate, lat, total);
-    }
+    await mqttLatency(ports.devA, ports.devB, "keyop MQTT (sync=always)", "keyop-mqtt");
   } finally {
     for (const p of [trio.devA, trio.devB, trio.hub]) await stop(p).catch(() => {});
+  }
+}
+
+/**
+ * End-to-end latency of MQTT QoS 1 from a publisher on `pubPort` to a
+ * subscriber on `subPort`, at 1,000 and 5,000 msg/s after 2 s of warm-up
+ * (while bridges or links come up); the same loop for keyop and Mosquitto.
+ */
+async function mqttLatency(pubPort: number, subPort: number, system: string, series: string): Promise<void> {
+  for (const rate of [1000, 5000]) {
+    const topic = `bench/lat${series}${rate}`;
+    const lat: number[] = [];
+    let warm = true;
+    const sub = await subscribeMqtt(subPort, topic);
+    sub.on("message", (_t, p) => !warm && lat.push(performance.timeOrigin + performance.now() - JSON.parse(p.toString()).t));
+    const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${pubPort}`, { clean: true });
+    const send = () => pub.publishAsync(topic, JSON.stringify(stamp()), { qos: 1 });
+    await pace(rate, rate * 2, 64, send);
+    await Bun.sleep(500);
+    warm = false;
+    const total = rate * LAT_SECS;
+    await pace(rate, total, 64, send);
+    await arrivals(() => lat.length, total, 3000, 30_000);
+    await pub.endAsync();
+    await sub.endAsync();
+    latencyRows(system, series, rate, lat, total);
   }
 }
 
@@ -386,24 +395,7 @@ async function subscribeMqtt(port: number, topic: string, opts: IClientOptions =
 async function twoHopsMosquitto(): Promise<void> {
   const t = await mosquittoTrio("mq-hops");
   try {
-    for (const rate of [1000, 5000]) {
-      const topic = `bench/lat${rate}`;
-      const lat: number[] = [];
-      let warm = true;
-      const sub = await subscribeMqtt(t.b.port, topic);
-      sub.on("message", (_t, p) => !warm && lat.push(performance.timeOrigin + performance.now() - JSON.parse(p.toString()).t));
-      const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${t.a.port}`, { clean: true });
-      // The bridges connect in the background: warm up until messages come through.
-      await pace(rate, rate * 2, 64, () => pub.publishAsync(topic, JSON.stringify(stamp()), { qos: 1 }));
-      await Bun.sleep(500);
-      warm = false;
-      const total = rate * LAT_SECS;
-      await pace(rate, total, 64, () => pub.publishAsync(topic, JSON.stringify(stamp()), { qos: 1 }));
-      await arrivals(() => lat.length, total, 3000, 30_000);
-      await pub.endAsync();
-      await sub.endAsync();
-      latencyRows("mosquitto bridges", "mosquitto", rate, lat, total);
-    }
+    await mqttLatency(t.a.port, t.b.port, "mosquitto bridges", "mosquitto");
   } finally {
     for (const s of [t.a, t.b, t.hub]) await kill(s).catch(() => {});
   }
