@@ -10,6 +10,7 @@ import type { PeerIdentity } from "../pki/tls.ts";
 import type { MtlsSocket } from "../pki/mtls.ts";
 import type { AuditLog } from "./audit.ts";
 import { FrameDecoder, FrameError, FrameType, frameTypeName, type Frame } from "./frame.ts";
+import { OutQueue } from "../net/out-queue.ts";
 import {
   chooseVersion,
   closeFrame,
@@ -32,8 +33,6 @@ import {
 export const HIGH_WATER_BYTES = 4 * 1024 * 1024;
 /** A connection that has not finished HELLO/WELCOME by then is closed. */
 export const HANDSHAKE_TIMEOUT_MS = 10_000;
-/** Queued frames smaller than this are joined into one socket write. */
-const COALESCE_BYTES = 64 * 1024;
 
 /** How a session is set up. */
 export interface SessionOptions {
@@ -79,13 +78,7 @@ export class PeerSession {
   private readonly opts: SessionOptions;
   private readonly events: SessionEvents;
   private readonly decoder: FrameDecoder;
-  private out: Uint8Array[] = [];
-  private outBytes = 0;
-  private writableWaiters: (() => void)[] = [];
-  /** A flush is scheduled for the end of this turn. */
-  private flushScheduled = false;
-  /** The socket took less than offered: wait for its drain callback. */
-  private blocked = false;
+  private readonly out: OutQueue;
   private lastRecv = Date.now();
   private lastSent = Date.now();
   private heartbeatMs: number;
@@ -99,6 +92,7 @@ export class PeerSession {
     this.opts = opts;
     this.events = events;
     this.decoder = new FrameDecoder(opts.maxBody);
+    this.out = new OutQueue((b) => socket.write(b), HIGH_WATER_BYTES);
     this.heartbeatMs = opts.heartbeatMs;
     this.handshakeTimer = setTimeout(() => this.state === "handshaking" && this.close("handshake_timeout", "no handshake within the time limit"), opts.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS);
     this.startHeartbeat();
@@ -118,74 +112,24 @@ export class PeerSession {
   }
 
   /**
-   * Queues bytes for the peer. Returns false when more than HIGH_WATER_BYTES
-   * wait to be written: the caller should await `writable()` before more.
-   * Frames queued in the same turn of the event loop go out in one socket
-   * write: every write is a TLS record and a syscall that wakes the peer, and
-   * the hub's CPU profile at 1,000 msg/s had 28% of its samples in writes of
-   * single small frames (ACKs next to BATCHes).
+   * Queues bytes for the peer, written at the end of this turn with the
+   * rest of the turn's frames (see OutQueue). Returns false when more than
+   * HIGH_WATER_BYTES wait: the caller should await `writable()` before more.
    */
   send(bytes: Uint8Array): boolean {
     if (this.state === "closed") return false;
     this.lastSent = Date.now();
-    this.out.push(bytes);
-    this.outBytes += bytes.length;
-    if (!this.flushScheduled && !this.blocked) {
-      this.flushScheduled = true;
-      setImmediate(this.flushSoon);
-    }
-    return this.outBytes <= HIGH_WATER_BYTES;
+    return this.out.push(bytes);
   }
 
   /** Resolves once the outbound buffer is below the high-water mark (or closed). */
   writable(): Promise<void> {
-    if (this.outBytes <= HIGH_WATER_BYTES || this.state === "closed") return Promise.resolve();
-    return new Promise((r) => this.writableWaiters.push(r));
+    return this.out.writable();
   }
 
   /** @internal Socket drained: write what is queued. */
   drained(): void {
-    this.blocked = false;
-    this.flush();
-  }
-
-  private readonly flushSoon = (): void => {
-    this.flushScheduled = false;
-    if (!this.blocked) this.flush();
-  };
-
-  /** Writes queued frames, small ones joined, until the socket takes no more. */
-  private flush(): void {
-    while (this.out.length > 0) {
-      let head = this.out[0]!;
-      let joined = 1;
-      if (head.length < COALESCE_BYTES && this.out.length > 1) {
-        // Join the small frames at the front into one write.
-        let size = head.length;
-        while (joined < this.out.length && size + this.out[joined]!.length <= COALESCE_BYTES) size += this.out[joined++]!.length;
-        if (joined > 1) {
-          const buf = new Uint8Array(size);
-          let at = 0;
-          for (let i = 0; i < joined; i++) {
-            buf.set(this.out[i]!, at);
-            at += this.out[i]!.length;
-          }
-          head = buf;
-        }
-      }
-      const n = this.socket.write(head);
-      const written = Math.max(0, n);
-      if (written < head.length) {
-        // The socket took part of it: keep the rest at the front and wait for drain.
-        this.out.splice(0, joined, head.subarray(written));
-        this.outBytes -= written;
-        this.blocked = true;
-        break;
-      }
-      this.out.splice(0, joined);
-      this.outBytes -= head.length;
-    }
-    if (this.outBytes <= HIGH_WATER_BYTES) for (const w of this.writableWaiters.splice(0)) w();
+    this.out.drained();
   }
 
   /** @internal Bytes from the peer. */
@@ -284,7 +228,7 @@ export class PeerSession {
     if (!hard) {
       try {
         this.send(closeFrame({ code, reason }));
-        if (!this.blocked) this.flush(); // now: the connection ends below
+        this.out.flushNow(); // now: the connection ends below
       } catch {
         // the reason is logged below either way
       }
@@ -304,9 +248,7 @@ export class PeerSession {
     this.state = "closed";
     if (this.timer) clearInterval(this.timer);
     if (this.handshakeTimer) clearTimeout(this.handshakeTimer);
-    for (const w of this.writableWaiters.splice(0)) w();
-    this.out = [];
-    this.outBytes = 0;
+    this.out.close();
     this.opts.logger.info("federation session closed", { peer: this.peer.name, role: this.role, reason });
     this.events.onClose?.(this, reason);
   }

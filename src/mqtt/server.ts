@@ -11,11 +11,15 @@ import { prepareSocketPath } from "../api/socket-file.ts";
 import { MqttSession, type SessionHost } from "./session.ts";
 import { RetainedStore } from "./retained.ts";
 import { join } from "node:path";
+import { OutQueue } from "../net/out-queue.ts";
 
 interface Conn {
   session?: MqttSession;
-  out: Uint8Array[];
+  out: OutQueue;
 }
+
+/** Bytes queued for one client above which its deliveries wait (see Delivery). */
+export const CLIENT_HIGH_WATER_BYTES = 1 << 20;
 
 /** A running MQTT listener. */
 export class MqttServer implements SessionHost {
@@ -62,16 +66,18 @@ export class MqttServer implements SessionHost {
     const self = this;
     return {
       open(sock: Socket<Conn>) {
-        sock.data = { out: [] };
+        // Packets of one turn (say, the PUBACKs of a group commit) go out in one write.
+        const out = new OutQueue((b) => sock.write(b), CLIENT_HIGH_WATER_BYTES);
+        // Writes are already joined per turn: Nagle would only hold acknowledgements back.
+        if (sock.remoteAddress) sock.setNoDelay(true);
+        sock.data = { out };
         self.sockets.add(sock);
         sock.data.session = new MqttSession(self, {
-          write(bytes) {
-            // What the socket does not take now is written on its drain, in order.
-            if (sock.data.out.length > 0) return void sock.data.out.push(bytes);
-            const n = sock.write(bytes);
-            if (n < bytes.length) sock.data.out.push(bytes.subarray(Math.max(0, n)));
-          },
+          write: (bytes) => out.push(bytes),
+          writable: () => out.writable(),
           end() {
+            out.flushNow();
+            out.close();
             sock.end();
           },
         });
@@ -85,19 +91,11 @@ export class MqttServer implements SessionHost {
         }
       },
       drain(sock: Socket<Conn>) {
-        const out = sock.data.out;
-        while (out.length > 0) {
-          const head = out[0]!;
-          const n = sock.write(head);
-          if (n < head.length) {
-            out[0] = head.subarray(Math.max(0, n));
-            return;
-          }
-          out.shift();
-        }
+        sock.data.out.drained();
       },
       close(sock: Socket<Conn>) {
         self.sockets.delete(sock);
+        sock.data.out.close();
         sock.data.session?.socketClosed();
       },
       error(_sock: Socket<Conn>, err: Error) {

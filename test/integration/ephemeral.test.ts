@@ -76,7 +76,8 @@ describe("EphemeralMessenger against a keyop hub process", () => {
 
   test("live subscribe: no echo of its own publishes, nothing replayed after a reconnect, no cursor file at the hub", async () => {
     const got: Message[] = [];
-    const dash = client("dash", { subscribe: ["live.>"], autoReconnect: true });
+    const proxy = new FaultProxy(port);
+    const dash = client("dash", { subscribe: ["live.>"], autoReconnect: true }, `127.0.0.1:${proxy.port}`);
     dash.subscribe("live.>", (m) => void got.push(m));
     await dash.connect();
     const svc = client("svc", { subscribe: ["live.>"] });
@@ -96,17 +97,23 @@ describe("EphemeralMessenger against a keyop hub process", () => {
     expect((await api(hub, "GET", "/v1/status")).links.filter((l: any) => l.kind === "ephemeral").map((l: any) => l.peer).sort()).toEqual(["dash", "svc"]);
     await svc.close();
 
-    // The hub restarts; what is published while dash is away is never delivered to it.
+    // The hub restarts; what is published while dash is away is never delivered to it. Dash's
+    // path is held (blackholed) until that publish is stored, so it cannot be back before it.
+    proxy.blackholed = true;
     await stopHub();
     await waitFor(() => !dash.connected, "dash notices the hub is gone");
     await startHub();
     const missed = await api(hub, "POST", "/v1/channels/live.temp/messages", { type: "while-away", payload: 1 });
+    expect(dash.connected).toBe(false);
+    proxy.heal();
     await waitFor(() => dash.connected, "dash reconnects by itself", 15_000);
     const after = await api(hub, "POST", "/v1/channels/live.temp/messages", { type: "after", payload: 2 });
     await waitFor(() => got.some((m) => m.id === after.id), "dash gets what came after the reconnect");
     expect(got.some((m) => m.id === missed.id)).toBe(false);
     expect(dash.connects).toBe(2);
     expect(readdirSync(join(hub.dataDir, "subscribers")).filter((f) => f.includes("dash") || f.includes("_eph"))).toEqual([]);
+    await dash.close();
+    proxy.stop();
   }, 60_000);
 
   test("the hub killed mid-publish: unacknowledged publishes reject with conn_lost; with autoReconnect later ones go through", async () => {

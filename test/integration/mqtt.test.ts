@@ -14,9 +14,19 @@ const clients: MqttClient[] = [];
 const api = (method: string, path: string, body?: string) =>
   fetch(`http://k${path}`, { method, body, headers: { "content-type": "application/json" }, unix: agent.socket } as RequestInit).then((r) => r.json() as Promise<any>);
 
-async function client(opts: mqtt.IClientOptions = {}): Promise<MqttClient> {
-  const c = await mqtt.connectAsync(`mqtt://127.0.0.1:${port}`, { reconnectPeriod: 0, ...opts });
+/**
+ * An mqtt.js client, connected. `onMessage` is attached before the CONNECT
+ * goes out: a resumed session's messages may come in the same read as the
+ * CONNACK, before any handler attached after `connectAsync` resolves.
+ */
+async function client(opts: mqtt.IClientOptions = {}, onMessage?: (topic: string, payload: Buffer) => void): Promise<MqttClient> {
+  const c = mqtt.connect(`mqtt://127.0.0.1:${port}`, { reconnectPeriod: 0, ...opts });
   clients.push(c);
+  if (onMessage) c.on("message", onMessage);
+  await new Promise<void>((resolve, reject) => {
+    c.once("connect", () => resolve());
+    c.once("error", reject);
+  });
   return c;
 }
 
@@ -83,8 +93,7 @@ describe("MQTT listener", () => {
     await c.endAsync();
     for (let i = 0; i < 3; i++) await api("POST", "/v1/channels/orders.new/messages", JSON.stringify({ type: "o", payload: { i } }));
     const first: string[] = [];
-    c = await client({ clientId: "keeper", clean: false });
-    c.on("message", (_t, p) => first.push(p.toString()));
+    c = await client({ clientId: "keeper", clean: false }, (_t, p) => first.push(p.toString()));
     await waitFor(() => first.length >= 3, "three kept messages after reconnecting");
     expect(first).toEqual(['{"i":0}', '{"i":1}', '{"i":2}']);
     await c.endAsync();
@@ -94,8 +103,7 @@ describe("MQTT listener", () => {
     await agent.child.proc.exited;
     agent = await runAgent(join(dir, "a"), ["--config", cfgPath]);
     const second: string[] = [];
-    c = await client({ clientId: "keeper", clean: false });
-    c.on("message", (_t, p) => second.push(p.toString()));
+    c = await client({ clientId: "keeper", clean: false }, (_t, p) => second.push(p.toString()));
     await waitFor(() => second.length >= 2, "two kept messages after a keyop restart");
     expect(second).toEqual(['{"i":3}', '{"i":4}']);
   }, 60_000);

@@ -1,0 +1,119 @@
+/**
+ * The outbound side of a stream socket: bytes queued during one turn of the
+ * event loop go out in one write, and what the socket does not take waits
+ * for its drain callback, in order.
+ *
+ * Every socket write is a syscall (and for TLS a record) that wakes the
+ * peer. Profiles of keyop showed the cost: 28% of a hub's samples in writes
+ * of single small federation frames, and 28% of the MQTT listener's in one
+ * write per PUBACK. Joining them is the cheapest speed-up there is.
+ */
+
+/** Writes to the socket; returns how many bytes it took (Bun: may be fewer, or -1). */
+export type RawWrite = (bytes: Uint8Array) => number;
+
+/** Queued chunks smaller than this are joined into one write. */
+const COALESCE_BYTES = 64 * 1024;
+
+/** A socket's outbound queue with per-turn coalescing and backpressure. */
+export class OutQueue {
+  private readonly write: RawWrite;
+  private readonly highWater: number;
+  private out: Uint8Array[] = [];
+  private outBytes = 0;
+  private waiters: (() => void)[] = [];
+  /** A flush is scheduled for the end of this turn. */
+  private scheduled = false;
+  /** The socket took less than offered: nothing more until its drain callback. */
+  private blocked = false;
+  private closed = false;
+
+  /** `highWater`: queued bytes above which `push` returns false and `writable()` waits. */
+  constructor(write: RawWrite, highWater: number) {
+    this.write = write;
+    this.highWater = highWater;
+  }
+
+  /** Bytes waiting to be written. */
+  get bytes(): number {
+    return this.outBytes;
+  }
+
+  /**
+   * Queues bytes, written at the end of this turn together with whatever
+   * else is queued by then. Returns false above the high-water mark: the
+   * caller should await `writable()` before queueing more.
+   */
+  push(bytes: Uint8Array): boolean {
+    if (this.closed) return false;
+    this.out.push(bytes);
+    this.outBytes += bytes.length;
+    if (!this.scheduled && !this.blocked) {
+      this.scheduled = true;
+      setImmediate(this.flushSoon);
+    }
+    return this.outBytes <= this.highWater;
+  }
+
+  /** Writes what is queued now (unless the socket is blocked), e.g. just before ending it. */
+  flushNow(): void {
+    if (!this.blocked) this.flush();
+  }
+
+  /** The socket's drain callback: write what waits. */
+  drained(): void {
+    this.blocked = false;
+    this.flush();
+  }
+
+  /** Resolves once the queue is below the high-water mark (or closed). */
+  writable(): Promise<void> {
+    if (this.outBytes <= this.highWater || this.closed) return Promise.resolve();
+    return new Promise((r) => this.waiters.push(r));
+  }
+
+  /** Drops what is queued and releases every waiter: the connection is gone. */
+  close(): void {
+    this.closed = true;
+    this.out = [];
+    this.outBytes = 0;
+    for (const w of this.waiters.splice(0)) w();
+  }
+
+  private readonly flushSoon = (): void => {
+    this.scheduled = false;
+    if (!this.blocked) this.flush();
+  };
+
+  /** Writes queued chunks, small ones joined, until the socket takes no more. */
+  private flush(): void {
+    while (this.out.length > 0) {
+      let head = this.out[0]!;
+      let joined = 1;
+      if (head.length < COALESCE_BYTES && this.out.length > 1) {
+        let size = head.length;
+        while (joined < this.out.length && size + this.out[joined]!.length <= COALESCE_BYTES) size += this.out[joined++]!.length;
+        if (joined > 1) {
+          const buf = new Uint8Array(size);
+          let at = 0;
+          for (let i = 0; i < joined; i++) {
+            buf.set(this.out[i]!, at);
+            at += this.out[i]!.length;
+          }
+          head = buf;
+        }
+      }
+      const written = Math.max(0, this.write(head));
+      if (written < head.length) {
+        // Part of it went: the rest stays at the front until the drain callback.
+        this.out.splice(0, joined, head.subarray(written));
+        this.outBytes -= written;
+        this.blocked = true;
+        break;
+      }
+      this.out.splice(0, joined);
+      this.outBytes -= head.length;
+    }
+    if (this.outBytes <= this.highWater) for (const w of this.waiters.splice(0)) w();
+  }
+}
