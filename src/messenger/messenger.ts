@@ -213,7 +213,9 @@ export class Messenger {
   async publish(channel: string, type: string, payload: unknown, opts?: PublishOptions): Promise<PublishResult> {
     const { body, id, ts } = this.encode(channel, type, payload, opts);
     const t0 = performance.now();
-    const log = await this.logFor(channel);
+    const open = this.logFor(channel);
+    // (An open channel's log is at hand: no extra turn through a resolved promise.)
+    const log = open instanceof Promise ? await open : open;
     const seq = await log.append(body);
     this.publishLatency.record(performance.now() - t0);
     this.countersOf(channel).published++;

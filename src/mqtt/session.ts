@@ -88,6 +88,22 @@ const MAX_WAITING_PACKETS = 1024;
 
 const CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
 
+/** A QoS 1 message sent to the client and not yet acknowledged. */
+interface InFlight {
+  /** The subscription it came from; null for a retained message sent on subscribe. */
+  delivery: Delivery | null;
+  channel: string;
+  seq: number;
+}
+
+/** A publish waiting for its write to be durable before its acknowledgement. */
+interface PendingAck {
+  id: number | undefined;
+  qos: number;
+  done: boolean;
+  error: unknown;
+}
+
 /** One subscription of a session: a reader of the log and the QoS 1 messages in flight. */
 class Delivery {
   readonly pattern: string;
@@ -207,14 +223,12 @@ export class MqttSession {
   private timer: ReturnType<typeof setInterval> | null = null;
   private readonly deliveries = new Map<string, Delivery>();
   /** QoS 1 messages sent and not acknowledged, by packet id. */
-  private readonly inflight = new Map<number, { delivery: Delivery; channel: string; seq: number }>();
+  private readonly inflight = new Map<number, InFlight>();
   /** Highest seq sent per channel to this client id, to set DUP on what comes again. */
   private everSent = new Map<string, number>();
   private nextId = 1;
   /** QoS 2 publishes stored and not yet released, by packet id. */
   private readonly qos2 = new Set<number>();
-  /** Acknowledgements of publishes, in the order the publishes came. */
-  private chain: Promise<void> = Promise.resolve();
   /** The logged-in user's rules (null: no users configured, everything allowed). */
   private mayPublish: ((channel: string) => boolean) | null = null;
   private maySubscribe: ((channel: string) => boolean) | null = null;
@@ -298,11 +312,12 @@ export class MqttSession {
     }
     this.deliveries.clear();
     this.inflight.clear();
+    this.retainedOut = [];
     if (this.connected) this.host.release(this.clientId, this);
     if (publishWill && this.will) {
       const w = this.will;
       this.will = undefined;
-      void this.store(w.topic, Buffer.from(w.payload)).catch((err) => this.host.logger.warn("mqtt will not published", { client: this.clientId, error: String(err) }));
+      void this.store(w.topic, Buffer.from(w.payload), w.retain ? w.qos ?? 0 : undefined).catch((err) => this.host.logger.warn("mqtt will not published", { client: this.clientId, error: String(err) }));
     }
     this.wire.end();
   }
@@ -439,9 +454,11 @@ export class MqttSession {
     }
   }
 
-  private async store(topic: string, payload: Buffer): Promise<void> {
+  /** Publishes a will; `retainQos` set: it also becomes the channel's retained message. */
+  private async store(topic: string, payload: Buffer, retainQos?: number): Promise<void> {
     const channel = topicToChannel(topic);
     await this.host.messenger.publish(channel, this.host.cfg.payloadType, payloadOf(payload));
+    if (retainQos !== undefined) await this.host.retained.set(channel, payload, retainQos);
   }
 
   private publish(p: IPublishPacket): void {
@@ -463,31 +480,46 @@ export class MqttSession {
     if (qos === 2 && id !== undefined && this.qos2.has(id)) return this.send({ cmd: "pubrec", messageId: id } as Packet); // handled once
     const payload = payloadOf(p.payload as Buffer);
     // Stored at once, so that publishes in flight together share one group commit (the log keeps
-    // their order); only the acknowledgements are chained, each after its own write is durable.
-    const stored = this.host.messenger.publish(channel, this.host.cfg.payloadType, payload);
-    stored.catch(() => {}); // (handled in the chain below)
-    this.chain = this.chain.then(async () => {
-      try {
-        await stored;
-        // The channel's retained message, kept durably before the acknowledgement too.
-        if (p.retain) await this.host.retained.set(channel, p.payload as Buffer);
-      } catch (err) {
-        const code = (err as { code?: string }).code;
-        if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: code === "disk_full" ? 0x97 : 0x80 } as Packet);
-        return this.fail(`publish failed: ${String(err)}`);
+    // their order); the acknowledgements go out in the order the publishes came, each once its
+    // own write (and, for a retained one, the retained copy) is durable.
+    const ack: PendingAck = { id, qos, done: false, error: undefined };
+    this.acks.push(ack);
+    let stored: Promise<unknown> = this.host.messenger.publish(channel, this.host.cfg.payloadType, payload);
+    if (p.retain) stored = stored.then(() => this.host.retained.set(channel, p.payload as Buffer, qos));
+    stored.then(
+      () => this.settle(ack, undefined),
+      (err: unknown) => this.settle(ack, err),
+    );
+  }
+
+  /** Pending acknowledgements, in the order their publishes came. */
+  private readonly acks: PendingAck[] = [];
+
+  private settle(ack: PendingAck, error: unknown): void {
+    ack.done = true;
+    ack.error = error;
+    while (this.acks.length > 0 && this.acks[0]!.done && !this.closed) {
+      const a = this.acks.shift()!;
+      if (a.error !== undefined) {
+        const code = (a.error as { code?: string }).code;
+        if (this.version === 5 && a.qos > 0) {
+          this.send({ cmd: a.qos === 1 ? "puback" : "pubrec", messageId: a.id, reasonCode: code === "disk_full" ? 0x97 : 0x80 } as Packet);
+          continue;
+        }
+        return this.fail(`publish failed: ${String(a.error)}`);
       }
       // Only now, with the message durable, the acknowledgement.
-      if (qos === 1 && !this.closed) this.wire.write(pubackBytes(id!));
-      if (qos === 2 && id !== undefined) {
-        this.qos2.add(id);
-        this.send({ cmd: "pubrec", messageId: id } as Packet);
+      if (a.qos === 1) this.wire.write(pubackBytes(a.id!));
+      else if (a.qos === 2 && a.id !== undefined) {
+        this.qos2.add(a.id);
+        this.send({ cmd: "pubrec", messageId: a.id } as Packet);
       }
-    });
+    }
   }
 
   private subscribe(p: ISubscribePacket): void {
     const granted: number[] = [];
-    const retained: string[] = [];
+    const retained: [string, 0 | 1][] = [];
     for (const s of p.subscriptions) {
       let pattern: string;
       try {
@@ -500,16 +532,46 @@ export class MqttSession {
       const qos = (s.qos >= 1 ? 1 : 0) as 0 | 1; // QoS 2 is granted as 1
       granted.push(qos);
       this.startDelivery(pattern, qos);
-      retained.push(pattern);
+      retained.push([pattern, qos]);
     }
     this.send({ cmd: "suback", messageId: p.messageId, granted } as Packet);
-    // Then the retained message of every channel each new subscription matches (QoS 0, retain set).
-    for (const pattern of retained) {
+    // Then the retained message of every channel each new subscription matches, retain set, at the
+    // lower of its QoS and the subscription's; QoS 1 ones within the in-flight window.
+    for (const [pattern, granted] of retained) {
       const m = compilePattern(pattern);
-      for (const [channel, payload] of this.host.retained.matching((c) => m(c) && this.mayReceive(c))) {
-        this.send({ cmd: "publish", topic: channelToTopic(channel), payload: Buffer.from(payload), qos: 0, retain: true, dup: false } as Packet);
+      for (const [channel, r] of this.host.retained.matching((c) => m(c) && this.mayReceive(c))) {
+        this.retainedOut.push({ channel, payload: r.payload, qos: Math.min(r.qos, granted) as 0 | 1 });
       }
     }
+    this.sendRetained();
+  }
+
+  /** Retained messages for new subscriptions, waiting for room in the in-flight window. */
+  private retainedOut: { channel: string; payload: Uint8Array; qos: 0 | 1 }[] = [];
+
+  private sendRetained(): void {
+    let i = 0;
+    for (; i < this.retainedOut.length && !this.closed; i++) {
+      const r = this.retainedOut[i]!;
+      const base = { cmd: "publish", topic: channelToTopic(r.channel), payload: Buffer.from(r.payload), retain: true, dup: false };
+      if (r.qos === 0) {
+        this.send({ ...base, qos: 0 } as Packet);
+        continue;
+      }
+      if (this.room() <= 0) break; // the rest when acknowledgements make room
+      // Not from a subscriber's log: its acknowledgement moves no cursor.
+      this.send({ ...base, qos: 1, messageId: this.takeId({ delivery: null, channel: r.channel, seq: -1 }) } as Packet);
+    }
+    if (i > 0) this.retainedOut = this.retainedOut.slice(i);
+  }
+
+  /** A free packet id for a QoS 1 message to the client, now in flight. */
+  private takeId(f: InFlight): number {
+    let id = this.nextId;
+    while (this.inflight.has(id)) id = (id % 65_535) + 1;
+    this.nextId = (id % 65_535) + 1;
+    this.inflight.set(id, f);
+    return id;
   }
 
   private startDelivery(pattern: string, qos: 0 | 1): void {
@@ -548,10 +610,7 @@ export class MqttSession {
       this.send({ cmd: "publish", topic, payload, qos: 0, retain: false, dup: false } as Packet);
       return;
     }
-    let id = this.nextId;
-    while (this.inflight.has(id)) id = (id % 65_535) + 1;
-    this.nextId = (id % 65_535) + 1;
-    this.inflight.set(id, { delivery, channel: m.channel, seq: m.seq });
+    const id = this.takeId({ delivery, channel: m.channel, seq: m.seq });
     const dup = (this.everSent.get(m.channel) ?? 0) >= m.seq;
     this.everSent.set(m.channel, Math.max(this.everSent.get(m.channel) ?? 0, m.seq));
     this.send({ cmd: "publish", topic, payload, qos: 1, messageId: id, retain: false, dup } as Packet);
@@ -561,7 +620,8 @@ export class MqttSession {
     const f = this.inflight.get(id);
     if (!f) return;
     this.inflight.delete(id);
-    f.delivery.acked(f.channel, f.seq);
+    f.delivery?.acked(f.channel, f.seq);
+    if (this.retainedOut.length > 0) this.sendRetained();
     for (const d of this.deliveries.values()) if (d !== f.delivery) d.nudge();
   }
 }

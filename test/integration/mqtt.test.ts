@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { writeFileSync } from "node:fs";
+import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import mqtt, { type MqttClient } from "mqtt";
 import { freePort, tmpDir, waitFor } from "../helpers.ts";
@@ -108,27 +108,48 @@ describe("MQTT listener", () => {
     expect(second).toEqual(['{"i":3}', '{"i":4}']);
   }, 60_000);
 
-  test("retained: the last one per channel is sent on subscribe with the retain flag, kept across a restart, cleared by an empty one", async () => {
+  test("retained: the last one per channel is sent on subscribe with the retain flag at the lower of its QoS and the subscription's, kept across a restart, cleared by an empty one", async () => {
     expect((await mosq(["mosquitto_pub", "-p", String(port), "-t", "home/door", "-m", "closed", "-q", "1", "-r"])).code).toBe(0);
     expect((await mosq(["mosquitto_pub", "-p", String(port), "-t", "home/door", "-m", "open", "-q", "1", "-r"])).code).toBe(0);
-    const first = async () => {
-      const c = await client({ clientId: `late-${Math.random().toString(36).slice(2)}` });
-      const got = new Promise<{ payload: string; retain: boolean }>((r) => c.on("message", (_t, p, packet) => r({ payload: p.toString(), retain: packet.retain })));
-      await c.subscribeAsync("home/#", { qos: 1 });
+    const first = async (qos: 0 | 1 = 1) => {
+      let resolve!: (m: { payload: string; retain: boolean; qos: number }) => void;
+      const got = new Promise<{ payload: string; retain: boolean; qos: number }>((r) => (resolve = r));
+      const c = await client({ clientId: `late-${Math.random().toString(36).slice(2)}` }, undefined);
+      c.on("message", (_t, p, packet) => resolve({ payload: p.toString(), retain: packet.retain, qos: packet.qos }));
+      await c.subscribeAsync("home/#", { qos });
       // A marker after the subscription: when nothing is retained, the marker comes first.
       await api("POST", "/v1/channels/home.marker/messages", JSON.stringify({ type: "m", payload: "marker" }));
       const m = await got;
       await c.endAsync();
       return m;
     };
-    expect(await first()).toEqual({ payload: "open", retain: true });
+    expect(await first()).toEqual({ payload: "open", retain: true, qos: 1 });
+    expect(await first(0)).toEqual({ payload: "open", retain: true, qos: 0 });
     agent.child.proc.kill("SIGTERM");
     await agent.child.proc.exited;
     agent = await runAgent(join(dir, "a"), ["--config", cfgPath]);
-    expect(await first()).toEqual({ payload: "open", retain: true });
+    expect(await first()).toEqual({ payload: "open", retain: true, qos: 1 });
+    // Retained again at QoS 0: a QoS 1 subscription gets it at QoS 0.
+    expect((await mosq(["mosquitto_pub", "-p", String(port), "-t", "home/door", "-m", "ajar", "-q", "0", "-r"])).code).toBe(0);
+    await waitFor(async () => (await first()).payload === "ajar", "the QoS 0 retained message replaced the QoS 1 one");
+    expect(await first()).toEqual({ payload: "ajar", retain: true, qos: 0 });
     expect((await mosq(["mosquitto_pub", "-p", String(port), "-t", "home/door", "-n", "-q", "1", "-r"])).code).toBe(0);
-    expect(await first()).toEqual({ payload: "marker", retain: false });
+    expect(await first()).toEqual({ payload: "marker", retain: false, qos: 1 });
   }, 60_000);
+
+  test("a retained will is kept as the channel's retained message", async () => {
+    const dying = await client({ clientId: "dev7", will: { topic: "status/dev7", payload: Buffer.from("offline"), qos: 1, retain: true } });
+    (dying as unknown as { stream: { destroy(): void } }).stream.destroy();
+    // Stored as retained at QoS 1 (the file name says which), and in the log.
+    await waitFor(() => existsSync(join(agent.dataDir, "mqtt-retained", "status.dev7.retained1")), "the retained will on disk");
+    expect((await api("GET", "/v1/channels/status.dev7/messages?subscriber=w&from=earliest")).messages.map((m: any) => m.payload)).toEqual(["offline"]);
+    let resolve!: (m: { payload: string; retain: boolean; qos: number }) => void;
+    const got = new Promise<{ payload: string; retain: boolean; qos: number }>((r) => (resolve = r));
+    const late = await client({ clientId: "later" }, undefined);
+    late.on("message", (_t, p, packet) => resolve({ payload: p.toString(), retain: packet.retain, qos: packet.qos }));
+    await late.subscribeAsync("status/dev7", { qos: 1 });
+    expect(await got).toEqual({ payload: "offline", retain: true, qos: 1 });
+  });
 
   test("a will is published when a client goes away without DISCONNECT", async () => {
     const watcher = await client({ clientId: "watcher" });
