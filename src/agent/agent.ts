@@ -95,7 +95,7 @@ export class Agent {
         federation.start();
       }
     } catch (err) {
-      mqttServer?.stop();
+      await mqttServer?.stop().catch(() => {});
       await federation?.stop().catch(() => {});
       await agent?.api.stop().catch(() => {});
       await messenger.close();
@@ -153,7 +153,7 @@ export class Agent {
   stop(): Promise<void> {
     this.stopping ??= (async () => {
       this.logger.info("agent stopping");
-      this.mqtt?.stop();
+      await this.mqtt?.stop();
       await this.federation?.stop();
       await this.api.stop();
       await this.messenger.close();

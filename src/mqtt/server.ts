@@ -10,6 +10,7 @@ import type { Logger } from "../observability/logger.ts";
 import { prepareSocketPath } from "../api/socket-file.ts";
 import { MqttSession, type SessionHost } from "./session.ts";
 import { RetainedStore } from "./retained.ts";
+import { SentMarks } from "./sent-marks.ts";
 import { join } from "node:path";
 import { OutQueue } from "../net/out-queue.ts";
 
@@ -29,20 +30,23 @@ export class MqttServer implements SessionHost {
   private tcp: TCPSocketListener<Conn> | null = null;
   private unix: UnixSocketListener<Conn> | null = null;
   private readonly clients = new Map<string, MqttSession>();
-  private readonly sentMarks = new Map<string, Map<string, number>>();
   private readonly sockets = new Set<Socket<Conn>>();
   readonly retained: RetainedStore;
+  readonly sent: SentMarks;
 
-  private constructor(messenger: Messenger, cfg: MqttConfig, logger: Logger, retained: RetainedStore) {
+  private constructor(messenger: Messenger, cfg: MqttConfig, logger: Logger, retained: RetainedStore, sent: SentMarks) {
     this.messenger = messenger;
     this.cfg = cfg;
     this.logger = logger;
     this.retained = retained;
+    this.sent = sent;
   }
 
   /** Starts listening on what `cfg` names; retained messages live under `dataDir`. */
   static async start(messenger: Messenger, cfg: MqttConfig, logger: Logger, dataDir: string): Promise<MqttServer> {
-    const s = new MqttServer(messenger, cfg, logger, await RetainedStore.open(join(dataDir, "mqtt-retained")));
+    const lastSeqs = new Map(messenger.channelLogs().map((l) => [l.name, l.nextSeq - 1]));
+    const sent = await SentMarks.open(join(dataDir, "mqtt-sessions"), lastSeqs);
+    const s = new MqttServer(messenger, cfg, logger, await RetainedStore.open(join(dataDir, "mqtt-retained")), sent);
     const handlers = s.handlers();
     if (cfg.listen) {
       const i = cfg.listen.lastIndexOf(":");
@@ -119,20 +123,11 @@ export class MqttServer implements SessionHost {
     return this.clients.size;
   }
 
-  marks(clientId: string): Map<string, number> {
-    let m = this.sentMarks.get(clientId);
-    if (!m) {
-      if (this.sentMarks.size > 100_000) this.sentMarks.clear();
-      m = new Map();
-      this.sentMarks.set(clientId, m);
-    }
-    return m;
-  }
-
-  /** Stops listening and closes every client connection (their wills are published). */
-  stop(): void {
+  /** Stops listening, closes every client connection (their wills are published), saves the sent marks. */
+  async stop(): Promise<void> {
     this.tcp?.stop(true);
     this.unix?.stop(true);
     for (const sock of this.sockets) sock.data.session?.socketClosed();
+    await this.sent.close().catch((err) => this.logger.error("mqtt sent marks not saved", { error: String(err) }));
   }
 }

@@ -15,6 +15,7 @@ import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
 import { channelToTopic, filterToPattern, topicToChannel } from "./topics.ts";
 import type { RetainedStore } from "./retained.ts";
+import type { SentMarks } from "./sent-marks.ts";
 import { compilePattern } from "../envelope/names.ts";
 
 /** What a session needs from the server around it. */
@@ -27,8 +28,8 @@ export interface SessionHost {
   release(clientId: string, s: MqttSession): void;
   /** Clients connected now. */
   count(): number;
-  /** Highest seq sent per channel to this client id, kept across its connections (for DUP). */
-  marks(clientId: string): Map<string, number>;
+  /** What was sent to each persistent session, kept across connections and restarts (for DUP). */
+  sent: SentMarks;
   retained: RetainedStore;
 }
 
@@ -224,8 +225,6 @@ export class MqttSession {
   private readonly deliveries = new Map<string, Delivery>();
   /** QoS 1 messages sent and not acknowledged, by packet id. */
   private readonly inflight = new Map<number, InFlight>();
-  /** Highest seq sent per channel to this client id, to set DUP on what comes again. */
-  private everSent = new Map<string, number>();
   private nextId = 1;
   /** QoS 2 publishes stored and not yet released, by packet id. */
   private readonly qos2 = new Set<number>();
@@ -426,7 +425,7 @@ export class MqttSession {
     this.keepalive = p.keepalive ?? 0;
     this.connected = true;
     this.host.claim(id, this);
-    this.everSent = this.host.marks(id);
+    if (this.clean) this.host.sent.forget(id);
     // A clean session starts over: forget what a persistent session of this id kept.
     let present = false;
     const name = sessionName(id);
@@ -611,8 +610,9 @@ export class MqttSession {
       return;
     }
     const id = this.takeId({ delivery, channel: m.channel, seq: m.seq });
-    const dup = (this.everSent.get(m.channel) ?? 0) >= m.seq;
-    this.everSent.set(m.channel, Math.max(this.everSent.get(m.channel) ?? 0, m.seq));
+    // Only a persistent session gets anything again (a clean one's unacknowledged messages go with it).
+    const dup = !this.clean && this.host.sent.sentBefore(this.clientId, m.channel, m.seq);
+    if (!this.clean) this.host.sent.sending(this.clientId, m.channel, m.seq);
     this.send({ cmd: "publish", topic, payload, qos: 1, messageId: id, retain: false, dup } as Packet);
   }
 

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import mqtt, { type MqttClient } from "mqtt";
+import packets from "mqtt-packet";
 import { freePort, tmpDir, waitFor } from "../helpers.ts";
 import { cli, fleet, runAgent, type AgentProc } from "./agent-process.ts";
 
@@ -192,6 +193,55 @@ describe("MQTT listener", () => {
     await ok.publishAsync("still/here", "yes", { qos: 1 });
     expect((await api("GET", "/v1/channels/still.here/messages?subscriber=h&from=earliest")).messages[0].payload).toBe("yes");
   });
+});
+
+/** A raw MQTT 3.1.1 client that never acknowledges anything: what it is sent, with the DUP flags. */
+async function rawNoAck(clientId: string, filter: string): Promise<{ got: { payload: string; dup: boolean }[]; close: () => void }> {
+  const got: { payload: string; dup: boolean }[] = [];
+  const parser = packets.parser({ protocolVersion: 4 });
+  parser.on("packet", (p) => {
+    if (p.cmd === "publish") got.push({ payload: p.payload.toString(), dup: p.dup });
+  });
+  let subacked = false;
+  parser.on("packet", (p) => void (p.cmd === "suback" && (subacked = true)));
+  const sock = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data: (_s, d) => void parser.parse(Buffer.from(d)) } });
+  sock.write(packets.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 4, clean: false, clientId, keepalive: 0 } as packets.Packet));
+  sock.write(packets.generate({ cmd: "subscribe", messageId: 1, subscriptions: [{ topic: filter, qos: 1 }] } as packets.Packet));
+  await waitFor(() => subacked, "SUBACK");
+  return { got, close: () => sock.terminate() };
+}
+
+describe("MQTT DUP across keyop restarts", () => {
+  test("unacknowledged QoS 1 messages come again with DUP after a clean restart, and after a SIGKILL; new ones without", async () => {
+    const post = (n: string) => api("POST", "/v1/channels/dup.t/messages", JSON.stringify({ type: "t", payload: n }));
+    let c = await rawNoAck("dupper", "dup/#");
+    await post("one");
+    await post("two");
+    await waitFor(() => c.got.length === 2, "two messages");
+    expect(c.got).toEqual([{ payload: "one", dup: false }, { payload: "two", dup: false }]);
+    c.close();
+    for (const signal of ["SIGTERM", "SIGKILL"] as const) {
+      agent.child.proc.kill(signal);
+      await agent.child.proc.exited;
+      agent = await runAgent(join(dir, "a"), ["--config", cfgPath]);
+      await post(signal);
+      c = await rawNoAck("dupper", "dup/#");
+      await waitFor(() => c.got.length === 3 + (signal === "SIGKILL" ? 1 : 0), `all of them after ${signal}`);
+      c.close();
+      if (signal === "SIGTERM") {
+        // A clean stop saved exactly what went out.
+        expect(c.got).toEqual([{ payload: "one", dup: true }, { payload: "two", dup: true }, { payload: "SIGTERM", dup: false }]);
+      } else {
+        // After a crash all that was stored before the restart counts as maybe sent; the new one does not.
+        expect(c.got).toEqual([
+          { payload: "one", dup: true },
+          { payload: "two", dup: true },
+          { payload: "SIGTERM", dup: true },
+          { payload: "SIGKILL", dup: false },
+        ]);
+      }
+    }
+  }, 60_000);
 });
 
 describe("MQTT across a hub", () => {
