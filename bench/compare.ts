@@ -678,9 +678,9 @@ try {
   const v = versions();
   console.log(`keyop compare${quick ? " (quick)" : ""}: ${Object.entries(v).map(([k, x]) => `${k} ${x}`).join(", ")}`);
   const steps: [string, () => Promise<void>][] = [
-    ["1+5 ingest and resources: keyop HTTP", ingestHttp],
-    ["1+5 ingest and resources: MQTT, keyop and mosquitto", ingestMqtt],
-    ["1+5 ingest and resources: nats", ingestNats],
+    ["1+5 ingest: keyop HTTP", ingestHttp],
+    ["1+5 ingest: mqtt, keyop and mosquitto alternating", ingestMqtt],
+    ["1+5 ingest: nats", ingestNats],
     ["2 two hops: keyop sync=always", () => twoHopsKeyop("always")],
     ["2 two hops: keyop sync=none", () => twoHopsKeyop("none")],
     ["2 two hops: keyop MQTT", twoHopsKeyopMqtt],
