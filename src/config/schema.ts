@@ -69,6 +69,12 @@ export interface MqttConfig {
   maxPacketBytes: number;
   /** Envelope type of messages published over MQTT. */
   payloadType: string;
+  /**
+   * How long a persistent session outlives its connection at most: what a
+   * 3.1.1 session (clean session 0) gets, and the cap on what an MQTT 5
+   * client asks for.
+   */
+  sessionExpiryMs: number;
   /** When not empty, clients must log in as one of these and keep to its rules. */
   users: MqttUser[];
 }
@@ -318,7 +324,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     log: { level, format: r.oneOf(log.format, "log.format", ["json", "text"] as const) ?? "json" },
     mqtt: undefined,
   };
-  const mqttRaw = r.obj(top.mqtt, "mqtt", ["listen", "socket", "max_clients", "max_inflight", "max_packet_bytes", "payload_type", "users"]);
+  const mqttRaw = r.obj(top.mqtt, "mqtt", ["listen", "socket", "max_clients", "max_inflight", "max_packet_bytes", "payload_type", "session_expiry", "users"]);
   if (top.mqtt !== undefined && top.mqtt !== null) {
     const m = mqttRaw ?? {};
     const listen = m.listen === undefined ? undefined : r.hostPort(m.listen, "mqtt.listen");
@@ -330,6 +336,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       maxInflight: r.int(m.max_inflight, "mqtt.max_inflight", 1, 65_535) ?? 64,
       maxPacketBytes: r.size(m.max_packet_bytes, "mqtt.max_packet_bytes", 64) ?? 1024 * 1024,
       payloadType: r.str(m.payload_type, "mqtt.payload_type") ?? "mqtt",
+      sessionExpiryMs: r.duration(m.session_expiry, "mqtt.session_expiry", 1000) ?? 7 * 86_400_000,
       users: [],
     };
     const seenUsers = new Set<string>();

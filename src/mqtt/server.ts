@@ -8,9 +8,9 @@ import type { MqttConfig } from "../config/schema.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import { prepareSocketPath } from "../api/socket-file.ts";
-import { MqttSession, type SessionHost } from "./session.ts";
+import { MqttSession, sessionName, type SessionHost } from "./session.ts";
 import { RetainedStore } from "./retained.ts";
-import { SentMarks } from "./sent-marks.ts";
+import { SessionStore } from "./session-store.ts";
 import { join } from "node:path";
 import { OutQueue } from "../net/out-queue.ts";
 
@@ -18,6 +18,9 @@ interface Conn {
   session?: MqttSession;
   out: OutQueue;
 }
+
+/** How often expired persistent sessions are looked for (a session's own expiry also sets a timer). */
+const SWEEP_EVERY_MS = 60_000;
 
 /** Bytes queued for one client above which its deliveries wait (see Delivery). */
 export const CLIENT_HIGH_WATER_BYTES = 1 << 20;
@@ -32,21 +35,31 @@ export class MqttServer implements SessionHost {
   private readonly clients = new Map<string, MqttSession>();
   private readonly sockets = new Set<Socket<Conn>>();
   readonly retained: RetainedStore;
-  readonly sent: SentMarks;
+  readonly sessions: SessionStore;
+  private sweeper: ReturnType<typeof setInterval> | null = null;
 
-  private constructor(messenger: Messenger, cfg: MqttConfig, logger: Logger, retained: RetainedStore, sent: SentMarks) {
+  private constructor(messenger: Messenger, cfg: MqttConfig, logger: Logger, retained: RetainedStore, sessions: SessionStore) {
     this.messenger = messenger;
     this.cfg = cfg;
     this.logger = logger;
     this.retained = retained;
-    this.sent = sent;
+    this.sessions = sessions;
   }
 
   /** Starts listening on what `cfg` names; retained messages live under `dataDir`. */
   static async start(messenger: Messenger, cfg: MqttConfig, logger: Logger, dataDir: string): Promise<MqttServer> {
     const lastSeqs = new Map(messenger.channelLogs().map((l) => [l.name, l.nextSeq - 1]));
-    const sent = await SentMarks.open(join(dataDir, "mqtt-sessions"), lastSeqs);
-    const s = new MqttServer(messenger, cfg, logger, await RetainedStore.open(join(dataDir, "mqtt-retained")), sent);
+    const sessions = await SessionStore.open(join(dataDir, "mqtt-sessions"), lastSeqs);
+    const s = new MqttServer(messenger, cfg, logger, await RetainedStore.open(join(dataDir, "mqtt-retained")), sessions);
+    // Persistent sessions from before keyop kept their lifetimes: one it knows nothing of
+    // (written by a version without expiry) gets the configured one from now.
+    for (const sub of messenger.subscribers()) {
+      const id = sub.name.startsWith("mqtt.") ? sub.name.slice("mqtt.".length) : undefined;
+      if (id && !sessions.knows(id)) await sessions.disconnected(id, cfg.sessionExpiryMs);
+    }
+    await s.sweep();
+    s.sweeper = setInterval(() => void s.sweep(), SWEEP_EVERY_MS);
+    s.sweeper.unref?.();
     const handlers = s.handlers();
     if (cfg.listen) {
       const i = cfg.listen.lastIndexOf(":");
@@ -123,11 +136,37 @@ export class MqttServer implements SessionHost {
     return this.clients.size;
   }
 
-  /** Stops listening, closes every client connection (their wills are published), saves the sent marks. */
+  /**
+   * Ends the persistent sessions whose expiry has passed: their durable
+   * subscribers go (releasing what they pinned in retention), and so does
+   * what keyop kept about them.
+   */
+  async sweep(now = Date.now()): Promise<void> {
+    for (const id of this.sessions.expired(now)) {
+      if (this.clients.has(id)) continue;
+      await this.endSession(id);
+      this.logger.info("mqtt session expired", { client: id });
+    }
+  }
+
+  async endSession(clientId: string): Promise<void> {
+    const name = sessionName(clientId);
+    for (const sub of this.messenger.subscribers()) {
+      if (sub.name === name) await this.messenger.deleteSubscriber(sub.pattern, name).catch(() => {});
+    }
+    await this.sessions.drop(clientId).catch(() => {});
+  }
+
+  owner(clientId: string): MqttSession | undefined {
+    return this.clients.get(clientId);
+  }
+
+  /** Stops listening, closes every client connection (their wills are published), saves the session state. */
   async stop(): Promise<void> {
+    if (this.sweeper) clearInterval(this.sweeper);
     this.tcp?.stop(true);
     this.unix?.stop(true);
     for (const sock of this.sockets) sock.data.session?.socketClosed();
-    await this.sent.close().catch((err) => this.logger.error("mqtt sent marks not saved", { error: String(err) }));
+    await this.sessions.close().catch((err) => this.logger.error("mqtt session state not saved", { error: String(err) }));
   }
 }

@@ -15,7 +15,7 @@ import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
 import { channelToTopic, filterToPattern, topicToChannel } from "./topics.ts";
 import type { RetainedStore } from "./retained.ts";
-import type { SentMarks } from "./sent-marks.ts";
+import type { SessionStore } from "./session-store.ts";
 import { compilePattern } from "../envelope/names.ts";
 
 /** What a session needs from the server around it. */
@@ -28,8 +28,14 @@ export interface SessionHost {
   release(clientId: string, s: MqttSession): void;
   /** Clients connected now. */
   count(): number;
-  /** What was sent to each persistent session, kept across connections and restarts (for DUP). */
-  sent: SentMarks;
+  /** Sent marks (for DUP) and expiry of persistent sessions, kept across connections and restarts. */
+  sessions: SessionStore;
+  /** The session now holding a client id. */
+  owner(clientId: string): MqttSession | undefined;
+  /** Ends a persistent session: its durable subscribers and what is kept about it go. */
+  endSession(clientId: string): Promise<void>;
+  /** Ends the persistent sessions whose expiry has passed. */
+  sweep(): Promise<void>;
   retained: RetainedStore;
 }
 
@@ -119,7 +125,11 @@ class Delivery {
   private wake: (() => void) | null = null;
   private unwatch: (() => void) | null = null;
 
-  constructor(session: MqttSession, sub: DurableSubscriber, pattern: string, qos: 0 | 1) {
+  /** A durable subscriber (kept while the client is away), not a live-only one. */
+  readonly durable: boolean;
+
+  constructor(session: MqttSession, sub: DurableSubscriber, pattern: string, qos: 0 | 1, durable: boolean) {
+    this.durable = durable;
     this.session = session;
     this.sub = sub;
     this.pattern = pattern;
@@ -215,7 +225,16 @@ export class MqttSession {
   private readonly parser: ReturnType<typeof mqtt.parser>;
   private version: 3 | 4 | 5 = 4;
   private clientId = "";
-  private clean = true;
+  /**
+   * How long the session outlives this connection, ms: 0 for a clean 3.1.1
+   * session or an MQTT 5 session expiry of 0; never more than
+   * mqtt.session_expiry (MQTT 5's "never", 0xFFFFFFFF, included).
+   */
+  private expiryMs = 0;
+  /** The session keeps state past this connection (durable subscribers, sent marks). */
+  private get persistent(): boolean {
+    return this.expiryMs > 0;
+  }
   private connected = false;
   private closed = false;
   private will: IConnectPacket["will"] | undefined;
@@ -307,22 +326,27 @@ export class MqttSession {
     if (this.timer) clearInterval(this.timer);
     for (const d of this.deliveries.values()) {
       d.stop();
-      if (this.clean) this.dropSubscriber(d.subscriber);
+      if (!d.durable) this.host.messenger.dropVolatileSubscriber(d.subscriber);
     }
     this.deliveries.clear();
     this.inflight.clear();
     this.retainedOut = [];
-    if (this.connected) this.host.release(this.clientId, this);
+    if (this.connected) {
+      // Unless a newer connection of the same client id took the session over, its life after
+      // this connection starts now: kept for expiryMs, or ended at once.
+      const mine = this.host.owner(this.clientId) === this;
+      this.host.release(this.clientId, this);
+      if (mine && this.persistent) void this.host.sessions.disconnected(this.clientId, this.expiryMs).catch(() => {});
+      else if (mine) void this.host.endSession(this.clientId);
+      // A short expiry is swept on time, not at the next minute's sweep.
+      if (mine && this.persistent && this.expiryMs < 86_400_000) setTimeout(() => void this.host.sweep(), this.expiryMs + 100).unref?.();
+    }
     if (publishWill && this.will) {
       const w = this.will;
       this.will = undefined;
       void this.store(w.topic, Buffer.from(w.payload), w.retain ? w.qos ?? 0 : undefined).catch((err) => this.host.logger.warn("mqtt will not published", { client: this.clientId, error: String(err) }));
     }
     this.wire.end();
-  }
-
-  private dropSubscriber(sub: DurableSubscriber): void {
-    if (this.clean) this.host.messenger.dropVolatileSubscriber(sub);
   }
 
   /** Whether the logged-in user may receive messages of `channel`. */
@@ -360,9 +384,13 @@ export class MqttSession {
         return this.unsubscribe(p);
       case "pingreq":
         return this.send({ cmd: "pingresp" });
-      case "disconnect":
+      case "disconnect": {
+        // MQTT 5: DISCONNECT may change the session expiry, but not from 0 to more.
+        const asked = (p as { properties?: { sessionExpiryInterval?: number } }).properties?.sessionExpiryInterval;
+        if (asked !== undefined && (this.expiryMs > 0 || asked === 0)) this.expiryMs = this.expiryFor(asked);
         // A clean disconnect drops the will (v5: unless the reason asks for it).
         return this.shutdown((p as { reasonCode?: number }).reasonCode === 0x04);
+      }
       default:
         return this.fail(`unexpected ${p.cmd}`);
     }
@@ -413,7 +441,11 @@ export class MqttSession {
     }
     if (!CLIENT_ID.test(id)) return refuse(0x85, 2, `client id "${id}" must be 1-100 of [A-Za-z0-9_.-]`);
     this.clientId = id;
-    this.clean = p.clean !== false;
+    const cleanStart = p.clean !== false;
+    // 3.1.1: clean session 0 keeps the session for mqtt.session_expiry. MQTT 5: clean start and
+    // session expiry are apart; the client asks for an expiry (none: 0), capped by the config.
+    const asked = (p.properties as { sessionExpiryInterval?: number } | undefined)?.sessionExpiryInterval;
+    this.expiryMs = this.version === 5 ? this.expiryFor(asked ?? 0) : cleanStart ? 0 : this.host.cfg.sessionExpiryMs;
     this.will = p.will;
     if (this.will) {
       try {
@@ -425,18 +457,39 @@ export class MqttSession {
     this.keepalive = p.keepalive ?? 0;
     this.connected = true;
     this.host.claim(id, this);
-    if (this.clean) this.host.sent.forget(id);
-    // A clean session starts over: forget what a persistent session of this id kept.
-    let present = false;
     const name = sessionName(id);
-    for (const s of this.host.messenger.subscribers()) {
-      if (s.name !== name) continue;
-      if (this.clean) void this.host.messenger.deleteSubscriber(s.pattern, name).catch(() => {});
-      else present = true;
+    const kept = this.host.messenger.subscribers().filter((s) => s.name === name);
+    if (cleanStart && kept.length > 0) {
+      // Starting over: what a persistent session of this id kept goes first (what the client
+      // sends meanwhile waits).
+      this.connecting = true;
+      void this.host.endSession(id).then(() => {
+        this.connecting = false;
+        if (this.closed) return;
+        this.welcome(false, asked);
+        for (const q of this.waiting.splice(0)) this.packet(q);
+      });
+      return;
     }
+    if (cleanStart) void this.host.sessions.drop(id).catch(() => {});
+    this.welcome(kept.length > 0, asked);
+  }
+
+  /** The session expiry for an MQTT 5 Session Expiry Interval (seconds), capped by mqtt.session_expiry. */
+  private expiryFor(seconds: number): number {
+    return Math.min(seconds * 1000, this.host.cfg.sessionExpiryMs);
+  }
+
+  /** CONNACK, keep-alive, and the kept subscriptions resumed. */
+  private welcome(present: boolean, askedExpiry: number | undefined): void {
+    const id = this.clientId;
+    if (this.persistent) void this.host.sessions.connected(id, this.expiryMs).catch(() => {});
+    const props: Record<string, number> = { maximumPacketSize: this.host.cfg.maxPacketBytes, receiveMaximum: 65_535 };
+    // The client asked for more than the config allows: CONNACK says what it got.
+    if (askedExpiry !== undefined && askedExpiry * 1000 > this.expiryMs) props.sessionExpiryInterval = Math.floor(this.expiryMs / 1000);
     this.send(
       this.version === 5
-        ? ({ cmd: "connack", reasonCode: 0, sessionPresent: present, properties: { maximumPacketSize: this.host.cfg.maxPacketBytes, receiveMaximum: 65_535 } } as Packet)
+        ? ({ cmd: "connack", reasonCode: 0, sessionPresent: present, properties: props } as Packet)
         : ({ cmd: "connack", returnCode: 0, sessionPresent: present } as Packet),
     );
     if (this.keepalive > 0) {
@@ -445,10 +498,12 @@ export class MqttSession {
       }, Math.max(250, (this.keepalive * 1000) / 2));
       this.timer.unref?.();
     }
-    // A persistent session resumes its subscriptions, resending what was not acknowledged.
+    // A kept session resumes its subscriptions, resending what was not acknowledged (also when
+    // this connection will not keep it: MQTT 5 with clean start 0 and expiry 0 gets what was kept).
     if (present) {
+      const name = sessionName(id);
       for (const s of this.host.messenger.subscribers()) {
-        if (s.name === name) this.startDelivery(s.pattern, 1);
+        if (s.name === name) this.startDelivery(s.pattern, 1, true);
       }
     }
   }
@@ -573,12 +628,15 @@ export class MqttSession {
     return id;
   }
 
-  private startDelivery(pattern: string, qos: 0 | 1): void {
-    this.deliveries.get(pattern)?.stop();
+  private startDelivery(pattern: string, qos: 0 | 1, durable = this.persistent): void {
+    const old = this.deliveries.get(pattern);
+    old?.stop();
+    if (old && !old.durable) this.host.messenger.dropVolatileSubscriber(old.subscriber);
     const m = this.host.messenger;
-    // Persistent: a durable subscriber (messages kept while the client is away). Clean: live only.
-    const sub = this.clean ? m.openVolatileSubscriber(pattern, `mqtt.${this.clientId}.${Bun.randomUUIDv7()}`) : m.openSubscriber(pattern, sessionName(this.clientId), { from: "latest" });
-    const d = new Delivery(this, sub, pattern, qos);
+    // Persistent: a durable subscriber (messages kept while the client is away). Otherwise live only.
+    durable ||= old?.durable === true; // (a kept subscription stays the durable one)
+    const sub = durable ? m.openSubscriber(pattern, sessionName(this.clientId), { from: "latest" }) : m.openVolatileSubscriber(pattern, `mqtt.${this.clientId}.${Bun.randomUUIDv7()}`);
+    const d = new Delivery(this, sub, pattern, qos, durable);
     this.deliveries.set(pattern, d);
     d.start();
   }
@@ -595,7 +653,7 @@ export class MqttSession {
       if (!d) continue;
       d.stop();
       this.deliveries.delete(pattern);
-      if (this.clean) this.dropSubscriber(d.subscriber);
+      if (!d.durable) this.host.messenger.dropVolatileSubscriber(d.subscriber);
       else void this.host.messenger.deleteSubscriber(pattern, sessionName(this.clientId)).catch(() => {});
     }
     this.send({ cmd: "unsuback", messageId: p.messageId } as Packet);
@@ -610,9 +668,9 @@ export class MqttSession {
       return;
     }
     const id = this.takeId({ delivery, channel: m.channel, seq: m.seq });
-    // Only a persistent session gets anything again (a clean one's unacknowledged messages go with it).
-    const dup = !this.clean && this.host.sent.sentBefore(this.clientId, m.channel, m.seq);
-    if (!this.clean) this.host.sent.sending(this.clientId, m.channel, m.seq);
+    // Only a durable subscription gets anything again (a live one's unacknowledged messages go with it).
+    const dup = delivery.durable && this.host.sessions.sentBefore(this.clientId, m.channel, m.seq);
+    if (delivery.durable) this.host.sessions.sending(this.clientId, m.channel, m.seq);
     this.send({ cmd: "publish", topic, payload, qos: 1, messageId: id, retain: false, dup } as Packet);
   }
 

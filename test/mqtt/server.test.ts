@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import mqtt from "mqtt-packet";
+import mqttjs from "mqtt";
 import type { Packet } from "mqtt-packet";
 import { MqttSession } from "../../src/mqtt/session.ts";
 import { startTestAgent, waitFor, type TestAgent } from "../helpers.ts";
@@ -101,5 +102,68 @@ describe("MQTT listener, raw packets", () => {
     b.socketClosed(); // no DISCONNECT: the will goes out after the publish
     await waitFor(async () => (await stored("raw.turn")).length >= 3, "three messages");
     expect(await stored("raw.turn")).toEqual(["first", "second", "will"]);
+  });
+});
+
+describe("MQTT session expiry", () => {
+  let x: TestAgent;
+  let xport: number;
+  beforeAll(async () => {
+    x = await startTestAgent({ mqtt: { listen: "127.0.0.1:0", session_expiry: "2s" } });
+    xport = x.agent.mqtt!.port!;
+  });
+  afterAll(() => x.stop());
+
+  const kept = (id: string) => x.agent.messenger.subscribers().filter((s) => s.name === `mqtt.${id}`).map((s) => s.pattern);
+  const connect = (opts: mqttjs.IClientOptions) => mqttjs.connectAsync(`mqtt://127.0.0.1:${xport}`, { reconnectPeriod: 0, ...opts });
+  const connackOf = (c: mqttjs.MqttClient) => new Promise<mqttjs.IConnackPacket>((r) => c.once("connect", r));
+
+  test("MQTT 5, clean start 0 with no session expiry: the session ends with the connection", async () => {
+    const c = await connect({ clientId: "v5-zero", clean: false, protocolVersion: 5 });
+    await c.subscribeAsync("exp/zero", { qos: 1 });
+    expect(kept("v5-zero")).toEqual([]); // live only: nothing would outlive the connection
+    await c.endAsync();
+    await x.call("POST", "/v1/channels/exp.zero/messages", JSON.stringify({ type: "t", payload: "while away" }));
+    const again = mqttjs.connect(`mqtt://127.0.0.1:${xport}`, { reconnectPeriod: 0, clientId: "v5-zero", clean: false, protocolVersion: 5, properties: { sessionExpiryInterval: 60 } });
+    const connack = await connackOf(again);
+    expect(connack.sessionPresent).toBe(false);
+    // More than mqtt.session_expiry asked for: CONNACK says what it got.
+    expect(connack.properties?.sessionExpiryInterval).toBe(2);
+    await again.endAsync();
+  });
+
+  test("a persistent session is kept for its expiry after the connection goes, then its durable subscriber goes too", async () => {
+    for (const [id, opts] of [
+      ["v4-kept", { clean: false, protocolVersion: 4 }],
+      ["v5-kept", { clean: false, protocolVersion: 5, properties: { sessionExpiryInterval: 1 } }],
+    ] as const) {
+      const c = await connect({ clientId: id, ...opts });
+      await c.subscribeAsync("exp/kept", { qos: 1 });
+      expect(kept(id)).toEqual(["exp.kept"]);
+      await c.endAsync();
+      // Within the expiry: still there, and a reconnect finds it.
+      const back = mqttjs.connect(`mqtt://127.0.0.1:${xport}`, { reconnectPeriod: 0, clientId: id, ...opts });
+      expect((await connackOf(back)).sessionPresent).toBe(true);
+      await back.endAsync();
+      const t0 = Date.now();
+      await waitFor(() => kept(id).length === 0, `${id}'s durable subscriber removed on expiry`, 10_000, 50);
+      const waited = Date.now() - t0;
+      expect(waited).toBeGreaterThanOrEqual(opts.protocolVersion === 5 ? 900 : 1900);
+      const late = mqttjs.connect(`mqtt://127.0.0.1:${xport}`, { reconnectPeriod: 0, clientId: id, ...opts });
+      expect((await connackOf(late)).sessionPresent).toBe(false);
+      await late.endAsync();
+    }
+  });
+
+  test("MQTT 5 clean start 1 drops what an earlier session of the id kept before the new one is served", async () => {
+    const c = await connect({ clientId: "v5-restart", clean: false, protocolVersion: 5, properties: { sessionExpiryInterval: 60 } });
+    await c.subscribeAsync("exp/restart", { qos: 1 });
+    await c.endAsync();
+    expect(kept("v5-restart")).toEqual(["exp.restart"]);
+    const fresh = mqttjs.connect(`mqtt://127.0.0.1:${xport}`, { reconnectPeriod: 0, clientId: "v5-restart", clean: true, protocolVersion: 5, properties: { sessionExpiryInterval: 60 } });
+    expect((await connackOf(fresh)).sessionPresent).toBe(false);
+    await fresh.subscribeAsync("exp/other", { qos: 1 });
+    expect(kept("v5-restart")).toEqual(["exp.other"]);
+    await fresh.endAsync();
   });
 });

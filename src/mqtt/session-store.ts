@@ -1,0 +1,169 @@
+/**
+ * What keyop keeps about persistent MQTT sessions besides their durable
+ * subscribers (`mqtt.<client id>`), in `<data_dir>/mqtt-sessions/sessions.json`:
+ *
+ * - Sent marks: per client id and channel, the highest seq sent. A QoS 1
+ *   message sent again must carry DUP (MQTT: "MUST be set to 1 when it
+ *   attempts to re-deliver"), and one sent for the first time must not,
+ *   also across a keyop restart.
+ * - Expiry: how long each session outlives its connection, and until when
+ *   a disconnected one lives. An abandoned client id would otherwise pin
+ *   its channels' retention forever, as an abandoned federation peer would
+ *   without `federation.peer_expiry`.
+ *
+ * Saved at once when a session connects or goes, every second while marks
+ * change, and at a clean stop (then marked clean). After a crash the marks
+ * may lag behind what went out, so every message already in the log when
+ * keyop started counts as maybe sent (DUP set): the rule leans to "maybe
+ * again", which a receiver handles, rather than hiding a redelivery.
+ * Sessions that were connected when keyop stopped start their expiry at
+ * the next start.
+ */
+import { mkdir, open, readFile, rename } from "node:fs/promises";
+import { join } from "node:path";
+import { fsyncDir } from "../store/fsync-dir.ts";
+
+const FILE = "sessions.json";
+const SAVE_EVERY_MS = 1000;
+
+/** One persistent session's lifetime. */
+interface Lifetime {
+  /** How long it outlives its connection, ms (null: never expires). */
+  expiryMs: number | null;
+  /** Disconnected: when it expires (null: never). Connected: null. */
+  until: number | null;
+  connected: boolean;
+}
+
+interface Saved {
+  clean: boolean;
+  marks: Record<string, Record<string, number>>;
+  sessions?: Record<string, Lifetime>;
+}
+
+/** Sent marks and expiry of the persistent MQTT sessions of one data directory. */
+export class SessionStore {
+  private readonly dir: string;
+  private readonly byClient = new Map<string, Map<string, number>>();
+  private readonly lifetimes = new Map<string, Lifetime>();
+  /** Set after a crash: per channel, the last seq in the log when keyop started. */
+  private readonly crashFloor: ((channel: string) => number) | null;
+  private dirty = false;
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private saving: Promise<void> = Promise.resolve();
+
+  private constructor(dir: string, crashFloor: ((channel: string) => number) | null) {
+    this.dir = dir;
+    this.crashFloor = crashFloor;
+  }
+
+  /**
+   * Loads what is kept under `dir`. `lastSeqAtStart` holds the last seq
+   * stored in each channel now, before any client is served; it is used
+   * when the previous run did not stop cleanly.
+   */
+  static async open(dir: string, lastSeqAtStart: ReadonlyMap<string, number>, now = Date.now()): Promise<SessionStore> {
+    await mkdir(dir, { recursive: true });
+    let saved: Saved | null = null;
+    let existed = false;
+    try {
+      saved = JSON.parse(await readFile(join(dir, FILE), "utf8")) as Saved;
+      existed = true;
+    } catch (err) {
+      existed = (err as NodeJS.ErrnoException).code !== "ENOENT";
+    }
+    // No file at all: no persistent session was ever served here. A file that is unreadable or
+    // not marked clean: the run before did not end cleanly.
+    const crashed = existed && saved?.clean !== true;
+    const s = new SessionStore(dir, crashed ? (channel) => lastSeqAtStart.get(channel) ?? 0 : null);
+    for (const [client, chans] of Object.entries(saved?.marks ?? {})) {
+      s.byClient.set(client, new Map(Object.entries(chans).filter(([, n]) => Number.isSafeInteger(n))));
+    }
+    for (const [client, l] of Object.entries(saved?.sessions ?? {})) {
+      const expiryMs = typeof l?.expiryMs === "number" && l.expiryMs >= 0 ? l.expiryMs : null;
+      // Connected when keyop stopped: the connection ended with that run.
+      const until = l?.connected ? (expiryMs === null ? null : now + expiryMs) : typeof l?.until === "number" ? l.until : null;
+      s.lifetimes.set(client, { expiryMs, until, connected: false });
+    }
+    // From now on the file on disk is not clean until the next clean close.
+    await s.save(false);
+    s.timer = setInterval(() => {
+      if (s.dirty) void s.save(false).catch(() => {});
+    }, SAVE_EVERY_MS);
+    s.timer.unref?.();
+    return s;
+  }
+
+  /** Whether `seq` of `channel` may have been sent to `client` before (the DUP flag). */
+  sentBefore(client: string, channel: string, seq: number): boolean {
+    if ((this.byClient.get(client)?.get(channel) ?? 0) >= seq) return true;
+    return this.crashFloor !== null && seq <= this.crashFloor(channel);
+  }
+
+  /** Notes that `seq` of `channel` goes to `client` now. */
+  sending(client: string, channel: string, seq: number): void {
+    let chans = this.byClient.get(client);
+    if (!chans) this.byClient.set(client, (chans = new Map()));
+    if ((chans.get(channel) ?? 0) < seq) {
+      chans.set(channel, seq);
+      this.dirty = true;
+    }
+  }
+
+  /** A persistent session is connected; it lives `expiryMs` after its connection (null: forever). */
+  connected(client: string, expiryMs: number | null): Promise<void> {
+    this.lifetimes.set(client, { expiryMs, until: null, connected: true });
+    return this.save(false);
+  }
+
+  /** A persistent session's connection ended `now`: its expiry starts. */
+  disconnected(client: string, expiryMs: number | null, now = Date.now()): Promise<void> {
+    this.lifetimes.set(client, { expiryMs, until: expiryMs === null ? null : now + expiryMs, connected: false });
+    return this.save(false);
+  }
+
+  /** Whether keyop knows the client id's session lifetime. */
+  knows(client: string): boolean {
+    return this.lifetimes.has(client);
+  }
+
+  /** Client ids whose sessions have expired by `now` (none of them connected). */
+  expired(now = Date.now()): string[] {
+    return [...this.lifetimes].filter(([, l]) => !l.connected && l.until !== null && l.until <= now).map(([c]) => c);
+  }
+
+  /** Forgets a client id altogether (its session ended or expired). */
+  drop(client: string): Promise<void> {
+    const had = this.byClient.delete(client);
+    if (!this.lifetimes.delete(client) && !had) return Promise.resolve();
+    return this.save(false);
+  }
+
+  /** Saves everything and marks the file clean: the next start knows the marks exactly. */
+  async close(): Promise<void> {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+    await this.save(true);
+  }
+
+  private save(clean: boolean): Promise<void> {
+    this.dirty = false;
+    const body: Saved = { clean, marks: {}, sessions: Object.fromEntries(this.lifetimes) };
+    for (const [client, chans] of this.byClient) body.marks[client] = Object.fromEntries(chans);
+    const text = JSON.stringify(body);
+    const task = this.saving.then(async () => {
+      const path = join(this.dir, FILE);
+      const fh = await open(`${path}.tmp`, "w");
+      try {
+        await fh.writeFile(text);
+        await fh.datasync();
+      } finally {
+        await fh.close();
+      }
+      await rename(`${path}.tmp`, path);
+      await fsyncDir(this.dir);
+    });
+    this.saving = task.catch(() => {});
+    return task;
+  }
+}
