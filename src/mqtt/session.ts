@@ -324,9 +324,11 @@ export class MqttSession {
     if (this.closed) return;
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
+    let durable = false;
     for (const d of this.deliveries.values()) {
       d.stop();
       if (!d.durable) this.host.messenger.dropVolatileSubscriber(d.subscriber);
+      durable ||= d.durable;
     }
     this.deliveries.clear();
     this.inflight.clear();
@@ -337,7 +339,7 @@ export class MqttSession {
       const mine = this.host.owner(this.clientId) === this;
       this.host.release(this.clientId, this);
       if (mine && this.persistent) void this.host.sessions.disconnected(this.clientId, this.expiryMs).catch(() => {});
-      else if (mine) void this.host.endSession(this.clientId);
+      else if (mine && (durable || this.host.sessions.knows(this.clientId))) void this.host.endSession(this.clientId);
       // A short expiry is swept on time, not at the next minute's sweep.
       if (mine && this.persistent && this.expiryMs < 86_400_000) setTimeout(() => void this.host.sweep(), this.expiryMs + 100).unref?.();
     }
