@@ -87,6 +87,26 @@ describe("MQTT listener, raw packets", () => {
     expect(await stored("raw.brief")).toEqual(["hello", "will"]);
   });
 
+  test("keep-alive: a client silent for 1.5 times its interval is cut off and its will published; one that pings stays", async () => {
+    const silent = await raw();
+    const pinger = await raw();
+    const t0 = Date.now();
+    silent.send(connect("silent", { keepalive: 1, will: { topic: "raw/keepalive", payload: Buffer.from("silent gone"), qos: 1, retain: false } }));
+    pinger.send(connect("pinger", { keepalive: 1 }));
+    const ping = setInterval(() => pinger.send({ cmd: "pingreq" } as Packet), 400);
+    try {
+      await waitFor(() => silent.closed(), "the silent client cut off", 5000, 20);
+      expect(Date.now() - t0).toBeGreaterThanOrEqual(1400);
+      await waitFor(async () => (await stored("raw.keepalive")).length === 1, "its will");
+      expect(await stored("raw.keepalive")).toEqual(["silent gone"]);
+      expect(pinger.closed()).toBe(false);
+      expect(pinger.packets.filter((p) => p.cmd === "pingresp").length).toBeGreaterThanOrEqual(2);
+    } finally {
+      clearInterval(ping);
+      pinger.end();
+    }
+  });
+
   test("packets read in the same turn as the close are still handled: stored, and a DISCONNECT among them drops the will", async () => {
     // The socket's data and close callbacks can come in one turn, before the session's
     // packet pump runs; driven directly, with the agent's listener as the session's host.
