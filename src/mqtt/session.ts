@@ -246,7 +246,7 @@ export class MqttSession {
   private readonly inflight = new Map<number, InFlight>();
   private nextId = 1;
   /** QoS 2 publishes stored and not yet released, by packet id. */
-  private readonly qos2 = new Set<number>();
+  private readonly qos2 = new Map<number, Promise<unknown>>();
   /** The logged-in user's rules (null: no users configured, everything allowed). */
   private mayPublish: ((channel: string) => boolean) | null = null;
   private maySubscribe: ((channel: string) => boolean) | null = null;
@@ -533,7 +533,17 @@ export class MqttSession {
       if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: 0x87 } as Packet);
       return this.fail(`not authorized to publish on ${channel}`, 0x87);
     }
-    if (qos === 2 && id !== undefined && this.qos2.has(id)) return this.send({ cmd: "pubrec", messageId: id } as Packet); // handled once
+    const earlier = qos === 2 && id !== undefined ? this.qos2.get(id) : undefined;
+    if (earlier) {
+      // The same QoS 2 publish again before PUBREL: not stored twice; PUBREC once the first is durable.
+      const again: PendingAck = { id, qos, done: false, error: undefined };
+      this.acks.push(again);
+      earlier.then(
+        () => this.settle(again, undefined),
+        (err: unknown) => this.settle(again, err),
+      );
+      return;
+    }
     const payload = payloadOf(p.payload as Buffer);
     // Stored at once, so that publishes in flight together share one group commit (the log keeps
     // their order); the acknowledgements go out in the order the publishes came, each once its
@@ -542,6 +552,8 @@ export class MqttSession {
     this.acks.push(ack);
     let stored: Promise<unknown> = this.host.messenger.publish(channel, this.host.cfg.payloadType, payload);
     if (p.retain) stored = stored.then(() => this.host.retained.set(channel, p.payload as Buffer, qos));
+    // A QoS 2 packet id is taken from now until PUBREL (or until its write fails).
+    if (qos === 2 && id !== undefined) this.qos2.set(id, stored);
     stored.then(
       () => this.settle(ack, undefined),
       (err: unknown) => this.settle(ack, err),
@@ -558,6 +570,8 @@ export class MqttSession {
       const a = this.acks.shift()!;
       if (a.error !== undefined) {
         const code = (a.error as { code?: string }).code;
+        // Not stored: the client may send it again under the same id.
+        if (a.qos === 2 && a.id !== undefined) this.qos2.delete(a.id);
         if (this.version === 5 && a.qos > 0) {
           this.send({ cmd: a.qos === 1 ? "puback" : "pubrec", messageId: a.id, reasonCode: code === "disk_full" ? 0x97 : 0x80 } as Packet);
           continue;
@@ -567,7 +581,6 @@ export class MqttSession {
       // Only now, with the message durable, the acknowledgement.
       if (a.qos === 1) this.wire.write(pubackBytes(a.id!));
       else if (a.qos === 2 && a.id !== undefined) {
-        this.qos2.add(a.id);
         this.send({ cmd: "pubrec", messageId: a.id } as Packet);
       }
     }

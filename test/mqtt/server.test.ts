@@ -87,6 +87,22 @@ describe("MQTT listener, raw packets", () => {
     expect(await stored("raw.brief")).toEqual(["hello", "will"]);
   });
 
+  test("QoS 2: a publish is stored once however often it comes before PUBREL; the id is free again after it; a QoS 2 subscription is granted 1", async () => {
+    const c = await raw();
+    const pub = (payload: string, dup: boolean): Packet => ({ cmd: "publish", topic: "raw/q2", payload: Buffer.from(payload), qos: 2, messageId: 5, retain: false, dup }) as Packet;
+    c.send(connect("q2"), pub("once", false), pub("once", true));
+    await waitFor(() => c.packets.filter((p) => p.cmd === "pubrec").length === 2, "two PUBRECs");
+    c.send({ cmd: "pubrel", messageId: 5 } as Packet);
+    await waitFor(() => c.packets.some((p) => p.cmd === "pubcomp"), "PUBCOMP");
+    c.send(pub("again", false), { cmd: "pubrel", messageId: 5 } as Packet);
+    await waitFor(() => c.packets.filter((p) => p.cmd === "pubcomp").length === 2, "the second PUBCOMP");
+    expect(await stored("raw.q2")).toEqual(["once", "again"]);
+    c.send({ cmd: "subscribe", messageId: 9, subscriptions: [{ topic: "raw/q2", qos: 2 }] } as Packet);
+    await waitFor(() => c.packets.some((p) => p.cmd === "suback"), "SUBACK");
+    expect((c.packets.find((p) => p.cmd === "suback") as { granted: number[] }).granted).toEqual([1]);
+    c.end();
+  });
+
   test("keep-alive: a client silent for 1.5 times its interval is cut off and its will published; one that pings stays", async () => {
     const silent = await raw();
     const pinger = await raw();
