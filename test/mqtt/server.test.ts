@@ -3,7 +3,8 @@ import mqtt from "mqtt-packet";
 import mqttjs from "mqtt";
 import type { Packet } from "mqtt-packet";
 import { MqttSession } from "../../src/mqtt/session.ts";
-import { startTestAgent, waitFor, type TestAgent } from "../helpers.ts";
+import { join } from "node:path";
+import { startTestAgent, tmpDir, waitFor, type TestAgent } from "../helpers.ts";
 
 let t: TestAgent;
 let port: number;
@@ -201,5 +202,45 @@ describe("MQTT session expiry", () => {
     await fresh.subscribeAsync("exp/other", { qos: 1 });
     expect(kept("v5-restart")).toEqual(["exp.other"]);
     await fresh.endAsync();
+  });
+});
+
+describe("MQTT on a Unix socket, and mqtt.max_clients", () => {
+  let u: TestAgent;
+  let path: string;
+  beforeAll(async () => {
+    const dir = tmpDir();
+    path = join(dir, "mqtt.sock");
+    u = await startTestAgent({ mqtt: { socket: path, max_clients: 2 } }, undefined, dir);
+  });
+  afterAll(() => u.stop());
+
+  test("mosquitto_pub --unix stores a QoS 1 message; no TCP port is opened", async () => {
+    expect(u.agent.mqtt!.port).toBeUndefined();
+    const p = Bun.spawn(["mosquitto_pub", "--unix", path, "-t", "unix/hello", "-m", "over a socket file", "-q", "1"], { stderr: "pipe" });
+    expect(await p.exited).toBe(0);
+    const r = (await (await u.call("GET", "/v1/channels/unix.hello/messages?subscriber=u&from=earliest")).json()) as { messages: { payload: string; type: string }[] };
+    expect(r.messages.map((m) => [m.type, m.payload])).toEqual([["mqtt", "over a socket file"]]);
+  });
+
+  test("a client past mqtt.max_clients gets CONNACK 'server unavailable'; room again once one goes", async () => {
+    const open = async (id: string) => {
+      const packets: Packet[] = [];
+      const parser = mqtt.parser({ protocolVersion: 4 });
+      parser.on("packet", (p) => packets.push(p));
+      const sock = await Bun.connect({ unix: path, socket: { data: (_s, d) => void parser.parse(Buffer.from(d)) } });
+      sock.write(mqtt.generate(connect(id)));
+      await waitFor(() => packets.find((p) => p.cmd === "connack"), `${id}'s CONNACK`);
+      return { code: (packets.find((p) => p.cmd === "connack") as { returnCode: number }).returnCode, sock };
+    };
+    const a = await open("one");
+    const b = await open("two");
+    const c = await open("three");
+    expect([a.code, b.code, c.code]).toEqual([0, 0, 3]);
+    a.sock.end();
+    await waitFor(() => u.agent.mqtt!.count() === 1, "one client gone");
+    const d = await open("four");
+    expect(d.code).toBe(0);
+    for (const x of [b, c, d]) x.sock.end();
   });
 });
