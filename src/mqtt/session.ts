@@ -363,7 +363,25 @@ export class MqttSession {
 
   /** Room for more QoS 1 messages in flight to this client. */
   room(): number {
-    return this.host.cfg.maxInflight - this.inflight.size;
+    return Math.min(this.host.cfg.maxInflight, this.clientReceiveMax) - this.inflight.size;
+  }
+
+  /** MQTT 5 CONNECT: QoS 1 messages the client takes unacknowledged, and its largest packet. */
+  private clientReceiveMax = 65_535;
+  private clientMaxPacket = Number.POSITIVE_INFINITY;
+
+  /** Bytes of the PUBLISH keyop sends for `topic` and a payload of `payloadBytes` (it adds no properties). */
+  private publishSize(topic: string, payloadBytes: number, qos: number): number {
+    const rest = 2 + Buffer.byteLength(topic) + (qos > 0 ? 2 : 0) + (this.version === 5 ? 1 : 0) + payloadBytes;
+    return 1 + (rest < 128 ? 1 : rest < 16_384 ? 2 : rest < 2_097_152 ? 3 : 4) + rest;
+  }
+
+  /** Whether the client takes a packet that big; if not, says so in the log (MQTT 5: such a message is dropped for it). */
+  private fits(topic: string, payloadBytes: number, qos: number): boolean {
+    const size = this.publishSize(topic, payloadBytes, qos);
+    if (size <= this.clientMaxPacket) return true;
+    this.host.logger.warn("mqtt message larger than the client's maximum packet size, not sent to it", { client: this.clientId, topic, bytes: size, max: this.clientMaxPacket });
+    return false;
   }
 
   private packet(p: Packet): void {
@@ -457,6 +475,9 @@ export class MqttSession {
       }
     }
     this.keepalive = p.keepalive ?? 0;
+    const props = p.properties as { receiveMaximum?: number; maximumPacketSize?: number } | undefined;
+    if (this.version === 5 && props?.receiveMaximum) this.clientReceiveMax = props.receiveMaximum;
+    if (this.version === 5 && props?.maximumPacketSize) this.clientMaxPacket = props.maximumPacketSize;
     this.connected = true;
     this.host.claim(id, this);
     const name = sessionName(id);
@@ -622,6 +643,7 @@ export class MqttSession {
     let i = 0;
     for (; i < this.retainedOut.length && !this.closed; i++) {
       const r = this.retainedOut[i]!;
+      if (!this.fits(channelToTopic(r.channel), r.payload.length, r.qos)) continue;
       const base = { cmd: "publish", topic: channelToTopic(r.channel), payload: Buffer.from(r.payload), retain: true, dup: false };
       if (r.qos === 0) {
         this.send({ ...base, qos: 0 } as Packet);
@@ -678,6 +700,11 @@ export class MqttSession {
   deliver(m: Message, qos: 0 | 1, delivery: Delivery | null): void {
     const topic = channelToTopic(m.channel);
     const payload = bytesOf(m.payload);
+    if (!this.fits(topic, payload.length, qos)) {
+      // Counted as delivered: the cursor moves past it.
+      if (qos === 1 && delivery) delivery.acked(m.channel, m.seq);
+      return;
+    }
     if (qos === 0 || !delivery) {
       this.send({ cmd: "publish", topic, payload, qos: 0, retain: false, dup: false } as Packet);
       return;

@@ -104,6 +104,31 @@ describe("MQTT listener, raw packets", () => {
     c.end();
   });
 
+  test("MQTT 5 limits of the client: no more unacknowledged than its Receive Maximum, nothing larger than its Maximum Packet Size", async () => {
+    const got: { id: number; payload: string }[] = [];
+    const parser = mqtt.parser({ protocolVersion: 5 });
+    let subacked = false;
+    parser.on("packet", (p) => {
+      if (p.cmd === "publish") got.push({ id: p.messageId!, payload: p.payload.toString() });
+      if (p.cmd === "suback") subacked = true;
+    });
+    const sock = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data: (_s, d) => void parser.parse(Buffer.from(d)) } });
+    const send = (p: Packet) => sock.write(mqtt.generate(p, { protocolVersion: 5 }));
+    send({ ...connect("limits"), protocolVersion: 5, properties: { receiveMaximum: 2, maximumPacketSize: 200 } } as Packet);
+    send({ cmd: "subscribe", messageId: 1, subscriptions: [{ topic: "raw/limits", qos: 1 }] } as Packet);
+    await waitFor(() => subacked, "SUBACK");
+    for (const m of ["m0", "m1", "x".repeat(500), "m2", "m3"]) await t.call("POST", "/v1/channels/raw.limits/messages", JSON.stringify({ type: "t", payload: m }));
+    await waitFor(() => got.length === 2, "two messages");
+    expect(got.map((g) => g.payload)).toEqual(["m0", "m1"]);
+    // Each acknowledgement lets one more through; the one larger than 200 bytes is passed over.
+    send({ cmd: "puback", messageId: got[0]!.id } as Packet);
+    await waitFor(() => got.length === 3, "a third");
+    send({ cmd: "puback", messageId: got[1]!.id } as Packet);
+    await waitFor(() => got.length === 4, "a fourth");
+    expect(got.map((g) => g.payload)).toEqual(["m0", "m1", "m2", "m3"]);
+    sock.end();
+  });
+
   test("keep-alive: a client silent for 1.5 times its interval is cut off and its will published; one that pings stays", async () => {
     const silent = await raw();
     const pinger = await raw();
