@@ -444,6 +444,8 @@ export class MqttSession {
   }
 
   private connecting = false;
+  /** The client sent an empty client id and keyop made one up. */
+  private assignedId = false;
   private readonly waiting: Packet[] = [];
 
   private accept(p: IConnectPacket): void {
@@ -458,6 +460,7 @@ export class MqttSession {
     if (id === "") {
       if (!p.clean) return refuse(0x85, 2, "an empty client id needs a clean session");
       id = `anon-${Bun.randomUUIDv7()}`;
+      this.assignedId = true;
     }
     if (!CLIENT_ID.test(id)) return refuse(0x85, 2, `client id "${id}" must be 1-100 of [A-Za-z0-9_.-]`);
     this.clientId = id;
@@ -507,7 +510,9 @@ export class MqttSession {
   private welcome(present: boolean, askedExpiry: number | undefined): void {
     const id = this.clientId;
     if (this.persistent) void this.host.sessions.connected(id, this.expiryMs).catch(() => {});
-    const props: Record<string, number> = { maximumPacketSize: this.host.cfg.maxPacketBytes, receiveMaximum: 65_535 };
+    const props: Record<string, number | string> = { maximumPacketSize: this.host.cfg.maxPacketBytes, receiveMaximum: 65_535 };
+    // MQTT 5: a client that sent no id is told the one it got.
+    if (this.assignedId) props.assignedClientIdentifier = id;
     // The client asked for more than the config allows: CONNACK says what it got.
     if (askedExpiry !== undefined && askedExpiry * 1000 > this.expiryMs) props.sessionExpiryInterval = Math.floor(this.expiryMs / 1000);
     this.send(

@@ -129,6 +129,13 @@ describe("MQTT listener, raw packets", () => {
     sock.end();
   });
 
+  test("MQTT 5 with an empty client id is told the id keyop assigned", async () => {
+    const c = mqttjs.connect(`mqtt://127.0.0.1:${port}`, { reconnectPeriod: 0, clientId: "", protocolVersion: 5, clean: true });
+    const connack = await new Promise<mqttjs.IConnackPacket>((r) => c.once("connect", r));
+    expect(String(connack.properties?.assignedClientIdentifier)).toMatch(/^anon-[0-9a-f-]{36}$/);
+    await c.endAsync();
+  });
+
   test("keep-alive: a client silent for 1.5 times its interval is cut off and its will published; one that pings stays", async () => {
     const silent = await raw();
     const pinger = await raw();
