@@ -49,7 +49,7 @@ export class MqttServer implements SessionHost {
   /** Starts listening on what `cfg` names; retained messages live under `dataDir`. */
   static async start(messenger: Messenger, cfg: MqttConfig, logger: Logger, dataDir: string): Promise<MqttServer> {
     const lastSeqs = new Map(messenger.channelLogs().map((l) => [l.name, l.nextSeq - 1]));
-    const sessions = await SessionStore.open(join(dataDir, "mqtt-sessions"), lastSeqs);
+    const sessions = await SessionStore.open(join(dataDir, "mqtt-sessions"), lastSeqs, logger);
     const s = new MqttServer(messenger, cfg, logger, await RetainedStore.open(join(dataDir, "mqtt-retained")), sessions);
     // Persistent sessions from before keyop kept their lifetimes: one it knows nothing of
     // (written by a version without expiry) gets the configured one from now.
@@ -152,7 +152,8 @@ export class MqttServer implements SessionHost {
   async endSession(clientId: string): Promise<void> {
     const name = sessionName(clientId);
     for (const sub of this.messenger.subscribers()) {
-      if (sub.name === name) await this.messenger.deleteSubscriber(sub.pattern, name).catch(() => {});
+      if (sub.name !== name) continue;
+      await this.messenger.deleteSubscriber(sub.pattern, name).catch((err) => this.logger.warn("mqtt session's subscriber not deleted", { client: clientId, pattern: sub.pattern, error: String(err) }));
     }
     await this.sessions.drop(clientId).catch(() => {});
   }

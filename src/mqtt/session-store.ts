@@ -22,6 +22,7 @@
 import { mkdir, open, readFile, rename } from "node:fs/promises";
 import { join } from "node:path";
 import { fsyncDir } from "../store/fsync-dir.ts";
+import type { Logger } from "../observability/logger.ts";
 
 const FILE = "sessions.json";
 const SAVE_EVERY_MS = 1000;
@@ -52,9 +53,12 @@ export class SessionStore {
   private timer: ReturnType<typeof setInterval> | null = null;
   private saving: Promise<void> = Promise.resolve();
 
-  private constructor(dir: string, crashFloor: ((channel: string) => number) | null) {
+  private readonly logger: Logger | undefined;
+
+  private constructor(dir: string, crashFloor: ((channel: string) => number) | null, logger: Logger | undefined) {
     this.dir = dir;
     this.crashFloor = crashFloor;
+    this.logger = logger;
   }
 
   /**
@@ -62,7 +66,7 @@ export class SessionStore {
    * stored in each channel now, before any client is served; it is used
    * when the previous run did not stop cleanly.
    */
-  static async open(dir: string, lastSeqAtStart: ReadonlyMap<string, number>, now = Date.now()): Promise<SessionStore> {
+  static async open(dir: string, lastSeqAtStart: ReadonlyMap<string, number>, logger?: Logger, now = Date.now()): Promise<SessionStore> {
     await mkdir(dir, { recursive: true });
     let saved: Saved | null = null;
     let existed = false;
@@ -75,7 +79,8 @@ export class SessionStore {
     // No file at all: no persistent session was ever served here. A file that is unreadable or
     // not marked clean: the run before did not end cleanly.
     const crashed = existed && saved?.clean !== true;
-    const s = new SessionStore(dir, crashed ? (channel) => lastSeqAtStart.get(channel) ?? 0 : null);
+    if (crashed) logger?.warn("mqtt session state not saved cleanly (keyop stopped abruptly): messages stored before this start are sent with DUP", { file: join(dir, FILE) });
+    const s = new SessionStore(dir, crashed ? (channel) => lastSeqAtStart.get(channel) ?? 0 : null, logger);
     for (const [client, chans] of Object.entries(saved?.marks ?? {})) {
       s.byClient.set(client, new Map(Object.entries(chans).filter(([, n]) => Number.isSafeInteger(n))));
     }
@@ -163,7 +168,11 @@ export class SessionStore {
       await rename(`${path}.tmp`, path);
       await fsyncDir(this.dir);
     });
-    this.saving = task.catch(() => {});
+    // Logged here once; callers that do not wait for it ignore the rejection.
+    this.saving = task.catch((err) => {
+      this.dirty = true; // try again at the next tick of the timer
+      this.logger?.warn("mqtt session state not saved", { file: join(this.dir, FILE), error: String(err) });
+    });
     return task;
   }
 }

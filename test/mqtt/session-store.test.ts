@@ -26,7 +26,10 @@ describe("SessionStore: sent marks", () => {
     const m = await SessionStore.open(dir, new Map());
     m.sending("c1", "t.a", 3);
     // No close: the file on disk still says the run is going on.
-    const after = await SessionStore.open(dir, logEnds);
+    const warned: string[] = [];
+    const logger = { debug() {}, info() {}, error() {}, warn: (msg: string) => void warned.push(msg) };
+    const after = await SessionStore.open(dir, logEnds, logger);
+    expect(warned).toEqual(["mqtt session state not saved cleanly (keyop stopped abruptly): messages stored before this start are sent with DUP"]);
     expect([3, 10, 11].map((s) => after.sentBefore("c1", "t.a", s))).toEqual([true, true, false]);
     expect(after.sentBefore("c9", "t.b", 1)).toBe(false); // a channel empty at start: nothing was sent
     await after.close();
@@ -51,7 +54,7 @@ describe("SessionStore: sent marks", () => {
 describe("SessionStore: expiry", () => {
   test("a disconnected session expires its expiry after the disconnect; a connected one never", async () => {
     const dir = join(tmpDir(), "sessions");
-    const s = await SessionStore.open(dir, new Map(), 0);
+    const s = await SessionStore.open(dir, new Map(), undefined, 0);
     await s.connected("live", 1000);
     await s.disconnected("gone", 1000, 5000);
     await s.disconnected("forever", null, 5000);
@@ -60,7 +63,7 @@ describe("SessionStore: expiry", () => {
     expect(s.expired(Number.MAX_SAFE_INTEGER).sort()).toEqual(["gone"]);
     await s.close();
     // Kept across a restart; a session connected when keyop stopped starts its expiry at the next start.
-    const again = await SessionStore.open(dir, new Map(), 100_000);
+    const again = await SessionStore.open(dir, new Map(), undefined, 100_000);
     expect(again.knows("live") && again.knows("gone") && again.knows("forever")).toBe(true);
     expect(again.expired(100_999)).toEqual(["gone"]);
     expect(again.expired(101_000).sort()).toEqual(["gone", "live"]);
