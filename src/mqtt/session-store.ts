@@ -151,16 +151,26 @@ export class SessionStore {
     await this.save(true);
   }
 
+  /** A save waiting for the one before it: whatever changes meanwhile goes in it too. */
+  private queued: Promise<void> | null = null;
+
+  /**
+   * Writes the state (temp file, fdatasync, rename, directory fsync) after
+   * the save in progress. A burst of connects and disconnects (a fleet
+   * coming back after an outage) shares one write: the state is taken when
+   * the write starts, and a save not yet started is reused.
+   */
   private save(clean: boolean): Promise<void> {
     this.dirty = false;
-    const body: Saved = { clean, marks: {}, sessions: Object.fromEntries(this.lifetimes) };
-    for (const [client, chans] of this.byClient) body.marks[client] = Object.fromEntries(chans);
-    const text = JSON.stringify(body);
+    if (this.queued && !clean) return this.queued;
     const task = this.saving.then(async () => {
+      this.queued = null;
+      const body: Saved = { clean, marks: {}, sessions: Object.fromEntries(this.lifetimes) };
+      for (const [client, chans] of this.byClient) body.marks[client] = Object.fromEntries(chans);
       const path = join(this.dir, FILE);
       const fh = await open(`${path}.tmp`, "w");
       try {
-        await fh.writeFile(text);
+        await fh.writeFile(JSON.stringify(body));
         await fh.datasync();
       } finally {
         await fh.close();
@@ -168,6 +178,7 @@ export class SessionStore {
       await rename(`${path}.tmp`, path);
       await fsyncDir(this.dir);
     });
+    this.queued = task;
     // Logged here once; callers that do not wait for it ignore the rejection.
     this.saving = task.catch((err) => {
       this.dirty = true; // try again at the next tick of the timer

@@ -71,4 +71,14 @@ describe("SessionStore: expiry", () => {
     expect(again.knows("gone")).toBe(false);
     await again.close();
   });
+
+  test("a burst of connects and disconnects is saved whole, each caller resolved once its change is durable", async () => {
+    const dir = join(tmpDir(), "sessions");
+    const s = await SessionStore.open(dir, new Map(), undefined, 0);
+    await Promise.all(Array.from({ length: 200 }, (_, i) => (i % 2 ? s.disconnected(`c${i}`, 1000, 0) : s.connected(`c${i}`, 1000))));
+    // What each awaited is on disk now, before any close.
+    const seen = JSON.parse(await Bun.file(join(dir, "sessions.json")).text()) as { sessions: Record<string, unknown> };
+    expect(Object.keys(seen.sessions).length).toBe(200);
+    await s.close();
+  });
 });
