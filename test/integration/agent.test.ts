@@ -132,4 +132,25 @@ describe("keyop run as a process", () => {
     agent.child.proc.kill("SIGTERM");
     expect(await agent.child.proc.exited).toBe(0);
   }, 30_000);
+
+  test("SIGUSR2: a full collection, and the memory after it in the log", async () => {
+    const dir = tmpDir();
+    const agent = await runAgent(dir);
+    // Garbage first: a few thousand messages through the API.
+    for (let i = 0; i < 50; i++) {
+      const body = Array.from({ length: 100 }, (_, j) => JSON.stringify({ type: "t", payload: { i, j, pad: "x".repeat(100) } })).join("\n");
+      await fetch("http://k/v1/channels/gc.t/messages", { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: agent.socket } as RequestInit);
+    }
+    agent.child.proc.kill("SIGUSR2");
+    const line = await waitFor(() => agent.logs().split("\n").find((l) => l.includes("memory after a full collection")), "the memory line");
+    const m = JSON.parse(line!) as { rss_mb: number; heap_used_mb: number; external_mb: number };
+    expect(m.rss_mb).toBeGreaterThan(10);
+    expect(m.heap_used_mb).toBeGreaterThan(0);
+    expect(m.heap_used_mb).toBeLessThan(m.rss_mb);
+    expect(m.external_mb).toBeGreaterThanOrEqual(0);
+    // Still serving, and a signal is not a stop.
+    expect((await fetch("http://k/healthz", { unix: agent.socket } as RequestInit)).ok).toBe(true);
+    agent.child.proc.kill("SIGTERM");
+    expect(await agent.child.proc.exited).toBe(0);
+  }, 30_000);
 });
