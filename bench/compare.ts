@@ -280,12 +280,16 @@ async function ingestMqtt(): Promise<void> {
   await kill(mq);
 }
 
+/** A connection to the nats-server on `port` with a JetStream file stream `name` on `subject`. */
+async function fileStream(port: number, name: string, subject: string) {
+  const nc = await natsConnect({ servers: `127.0.0.1:${port}` });
+  await (await nc.jetstreamManager()).streams.add({ name, subjects: [subject], storage: StorageType.File });
+  return { nc, js: nc.jetstream() };
+}
+
 async function ingestNats(): Promise<void> {
   const ns = await natsJs("nats-ingest");
-  const nc = await natsConnect({ servers: `127.0.0.1:${ns.port}` });
-  const jsm = await nc.jetstreamManager();
-  await jsm.streams.add({ name: "INGEST", subjects: ["bench.in"], storage: StorageType.File });
-  const js = nc.jetstream();
+  const { nc, js } = await fileStream(ns.port, "INGEST", "bench.in");
   const data = new TextEncoder().encode(PAYLOAD);
   const nIdle = rssOf(ns.proc.pid!);
   for (const n of [1, 64]) {
@@ -606,10 +610,7 @@ async function crashMosquitto(): Promise<void> {
 
 async function crashNats(): Promise<void> {
   let ns = await natsJs("nats-crash");
-  let nc = await natsConnect({ servers: `127.0.0.1:${ns.port}` });
-  const jsm = await nc.jetstreamManager();
-  await jsm.streams.add({ name: "CRASH", subjects: ["bench.crash"], storage: StorageType.File });
-  const js = nc.jetstream();
+  let { nc, js } = await fileStream(ns.port, "CRASH", "bench.crash");
   const data = new TextEncoder().encode(PAYLOAD);
   let acked = 0;
   await untilCount(64, CRASH, async () => {
