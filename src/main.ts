@@ -13,6 +13,7 @@ import { cmdPull } from "./cli/pull.ts";
 import { cmdChannels, cmdStatus, cmdVersion } from "./cli/info.ts";
 import { cmdCert } from "./cli/cert.ts";
 import { cmdPasswd } from "./cli/passwd.ts";
+import { tuneAllocator } from "./cli/allocator.ts";
 
 const USAGE = `usage: keyop <command> [options]
 
@@ -78,6 +79,8 @@ export async function main(argv: string[]): Promise<number> {
 }
 
 if (import.meta.main) {
+  // The agent first restarts itself with its allocator tuned (src/cli/allocator.ts).
+  if (process.argv[2] === "run") tuneAllocator();
   // No top-level await: the compiled binary is built with --bytecode, which needs none.
   void main(process.argv.slice(2)).then((code) => process.exit(code));
 }

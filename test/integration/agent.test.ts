@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test";
-import { existsSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { PURGE_DELAY_MS } from "../../src/cli/allocator.ts";
 import { join } from "node:path";
 import { tmpDir, waitFor } from "../helpers.ts";
 import { cli, runAgent } from "./agent-process.ts";
@@ -132,6 +133,22 @@ describe("keyop run as a process", () => {
     agent.child.proc.kill("SIGTERM");
     expect(await agent.child.proc.exited).toBe(0);
   }, 30_000);
+
+  test("keyop run restarts itself once with the allocator tuned; a setting of the user's is kept", async () => {
+    const environOf = (pid: number) => readFileSync(`/proc/${pid}/environ`, "utf8").split("\0");
+    // Started without the option (undefined leaves it out of the child's environment).
+    const tuned = await runAgent(tmpDir(), [], { MIMALLOC_PURGE_DELAY: undefined } as unknown as Record<string, string>);
+    // The process that answers is the one started (exec keeps the pid), now with the option set.
+    expect(environOf(tuned.child.proc.pid)).toContain(`MIMALLOC_PURGE_DELAY=${PURGE_DELAY_MS}`);
+    expect(readFileSync(`/proc/${tuned.child.proc.pid}/cmdline`, "utf8").split("\0")).toContain("run");
+    tuned.child.proc.kill("SIGTERM");
+    expect(await tuned.child.proc.exited).toBe(0);
+
+    const own = await runAgent(tmpDir(), [], { MIMALLOC_PURGE_DELAY: "25" });
+    expect(environOf(own.child.proc.pid)).toContain("MIMALLOC_PURGE_DELAY=25");
+    own.child.proc.kill("SIGTERM");
+    expect(await own.child.proc.exited).toBe(0);
+  }, 40_000);
 
   test("SIGUSR2: a full collection, and the memory after it in the log", async () => {
     const dir = tmpDir();

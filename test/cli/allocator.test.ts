@@ -1,0 +1,18 @@
+import { describe, expect, test } from "bun:test";
+import { PURGE_DELAY_ENV, reexecPlan } from "../../src/cli/allocator.ts";
+
+describe("allocator tuning: the re-exec plan", () => {
+  test("from source: the runtime, its flags, the script and the arguments", () => {
+    const plan = reexecPlan({}, "/usr/bin/bun", ["--smol"], ["/usr/bin/bun", "/app/src/main.ts", "run", "--config", "k.yaml"], "/app/src/main.ts");
+    expect(plan).toEqual({ file: "/usr/bin/bun", args: ["/usr/bin/bun", "--smol", "/app/src/main.ts", "run", "--config", "k.yaml"] });
+  });
+
+  test("compiled binary: the path inside the binary is not passed back as an argument", () => {
+    const plan = reexecPlan({}, "/usr/local/bin/keyop", [], ["bun", "/$bunfs/root/keyop", "run", "--config", "/etc/keyop/keyop.yaml"], "/$bunfs/root/keyop");
+    expect(plan).toEqual({ file: "/usr/local/bin/keyop", args: ["/usr/local/bin/keyop", "run", "--config", "/etc/keyop/keyop.yaml"] });
+  });
+
+  test("a value already in the environment is kept: no re-exec (and no loop)", () => {
+    expect(reexecPlan({ [PURGE_DELAY_ENV]: "10" }, "/usr/bin/bun", [], ["/usr/bin/bun", "/app/src/main.ts", "run"], "/app/src/main.ts")).toBeNull();
+  });
+});
