@@ -26,8 +26,7 @@ const quick = process.argv.includes("--quick");
 /** `--only=<text>`: run just the steps whose names contain it. */
 const only = process.argv.find((a) => a.startsWith("--only="))?.slice("--only=".length);
 const SECS = quick ? 2 : 5;
-/** Alternating rounds of keyop's MQTT listener and Mosquitto in the ingest figure. */
-/** Rounds of the MQTT ingest comparison, the figure issue 10 is judged on. */
+/** Alternating rounds of keyop's MQTT listener and Mosquitto in the ingest figure (issue 10's target). */
 const MQTT_ROUNDS = quick ? 1 : 5;
 const LAT_SECS = quick ? 3 : 10;
 const BACKLOG = quick ? 10_000 : 50_000;
