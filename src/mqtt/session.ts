@@ -114,7 +114,8 @@ interface PendingAck {
 /** One subscription of a session: a reader of the log and the QoS 1 messages in flight. */
 class Delivery {
   readonly pattern: string;
-  readonly qos: 0 | 1;
+  /** Granted QoS; a SUBSCRIBE to the same filter again may change it in place. */
+  qos: 0 | 1;
   private readonly sub: DurableSubscriber;
   private readonly session: MqttSession;
   private readonly sent: Positions;
@@ -672,11 +673,15 @@ export class MqttSession {
 
   private startDelivery(pattern: string, qos: 0 | 1, durable = this.persistent): void {
     const old = this.deliveries.get(pattern);
-    old?.stop();
-    if (old && !old.durable) this.host.messenger.dropVolatileSubscriber(old.subscriber);
+    if (old) {
+      // The same filter again replaces the subscription without interrupting its flow
+      // (MQTT-3.8.4-3). A new reader would start over from the acknowledged cursor and send
+      // what is in flight a second time, which clients that subscribe on every connect saw.
+      old.qos = qos;
+      return;
+    }
     const m = this.host.messenger;
     // Persistent: a durable subscriber (messages kept while the client is away). Otherwise live only.
-    durable ||= old?.durable === true; // (a kept subscription stays the durable one)
     const sub = durable ? m.openSubscriber(pattern, sessionName(this.clientId), { from: "latest" }) : m.openVolatileSubscriber(pattern, `mqtt.${this.clientId}.${Bun.randomUUIDv7()}`);
     const d = new Delivery(this, sub, pattern, qos, durable);
     this.deliveries.set(pattern, d);

@@ -195,20 +195,31 @@ describe("MQTT listener", () => {
   });
 });
 
-/** A raw MQTT 3.1.1 client that never acknowledges anything: what it is sent, with the DUP flags. */
-async function rawNoAck(clientId: string, filter: string): Promise<{ got: { payload: string; dup: boolean }[]; close: () => void }> {
+/**
+ * A raw MQTT 3.1.1 client that never acknowledges anything: what it is sent, with the DUP flags.
+ * With `filter` null it only connects (a kept session resumes its subscriptions by itself).
+ */
+async function rawNoAck(clientId: string, filter: string | null): Promise<{ got: { payload: string; dup: boolean }[]; subscribe: (filter: string) => Promise<void>; close: () => void }> {
   const got: { payload: string; dup: boolean }[] = [];
   const parser = packets.parser({ protocolVersion: 4 });
+  let connacked = false;
+  let subacks = 0;
   parser.on("packet", (p) => {
     if (p.cmd === "publish") got.push({ payload: p.payload.toString(), dup: p.dup });
+    if (p.cmd === "connack") connacked = true;
+    if (p.cmd === "suback") subacks++;
   });
-  let subacked = false;
-  parser.on("packet", (p) => void (p.cmd === "suback" && (subacked = true)));
   const sock = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data: (_s, d) => void parser.parse(Buffer.from(d)) } });
   sock.write(packets.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 4, clean: false, clientId, keepalive: 0 } as packets.Packet));
-  sock.write(packets.generate({ cmd: "subscribe", messageId: 1, subscriptions: [{ topic: filter, qos: 1 }] } as packets.Packet));
-  await waitFor(() => subacked, "SUBACK");
-  return { got, close: () => sock.terminate() };
+  let nextId = 1;
+  const subscribe = async (f: string) => {
+    const want = subacks + 1;
+    sock.write(packets.generate({ cmd: "subscribe", messageId: nextId++, subscriptions: [{ topic: f, qos: 1 }] } as packets.Packet));
+    await waitFor(() => subacks >= want, "SUBACK");
+  };
+  if (filter !== null) await subscribe(filter);
+  else await waitFor(() => connacked, "CONNACK");
+  return { got, subscribe, close: () => sock.terminate() };
 }
 
 describe("MQTT DUP across keyop restarts", () => {
@@ -242,6 +253,29 @@ describe("MQTT DUP across keyop restarts", () => {
       }
     }
   }, 60_000);
+});
+
+describe("MQTT subscribe again", () => {
+  test("a kept session subscribing again to the filter it has: nothing in flight is sent twice, the flow goes on", async () => {
+    const post = (n: string) => api("POST", "/v1/channels/resub.t/messages", JSON.stringify({ type: "t", payload: n }));
+    let c = await rawNoAck("resubber", "resub/#");
+    await post("one");
+    await post("two");
+    await waitFor(() => c.got.length === 2, "two messages");
+    c.close();
+    // Back without subscribing: the kept session resends what was not acknowledged, with DUP.
+    c = await rawNoAck("resubber", null);
+    await waitFor(() => c.got.length === 2, "the two again");
+    expect(c.got).toEqual([{ payload: "one", dup: true }, { payload: "two", dup: true }]);
+    // The same filter again (a client that always subscribes on connect): MQTT-3.8.4-3, the flow is not
+    // interrupted, so what is in flight is not sent a second time; new messages keep coming.
+    await c.subscribe("resub/#");
+    await post("three");
+    // In order per channel: a second copy of one or two would come before three.
+    await waitFor(() => c.got.some((m) => m.payload === "three"), "the third");
+    expect(c.got).toEqual([{ payload: "one", dup: true }, { payload: "two", dup: true }, { payload: "three", dup: false }]);
+    c.close();
+  });
 });
 
 describe("MQTT across a hub", () => {
