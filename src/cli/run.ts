@@ -29,34 +29,51 @@ export async function cmdRun(argv: string[]): Promise<number> {
     logLevel: p.flags["log-level"] as string | undefined,
   });
   const logger = createLogger({ level: cfg.log.level, format: cfg.log.format });
-  const agent = await Agent.start(cfg, logger);
-  return new Promise<number>((resolve) => {
-    let stopping = false;
-    const stop = (signal: string) => {
-      if (stopping) {
-        logger.warn("second signal during shutdown, exiting now", { signal });
-        process.exit(1);
-      }
-      stopping = true;
-      logger.info("signal received, shutting down", { signal });
-      agent.stop().then(
-        () => resolve(0),
-        (err) => {
-          logger.error("shutdown failed", { error: String(err) });
-          resolve(1);
-        },
-      );
-    };
-    process.on("SIGTERM", () => stop("SIGTERM"));
-    process.on("SIGINT", () => stop("SIGINT"));
-    process.on("SIGHUP", () => void agent.reloadTls());
-    // SIGUSR2: a full garbage collection now, and the memory after it in the log. For whoever
-    // chases the memory of a board's agent: RSS between collections swings by tens of MB.
-    process.on("SIGUSR2", () => {
-      Bun.gc(true);
-      const m = process.memoryUsage();
-      const mb = (n: number) => Math.round((n / 1048576) * 10) / 10;
-      logger.info("memory after a full collection", { rss_mb: mb(m.rss), heap_used_mb: mb(m.heapUsed), external_mb: mb(m.external) });
-    });
+  // The stop signals are taken before the agent starts: the API socket answers a moment before
+  // Agent.start returns, and a SIGTERM in that moment would otherwise kill the process with the
+  // default action instead of a clean stop. A signal during start stops the agent once it is up.
+  let agent: Agent | undefined;
+  let stopping = false;
+  let finish: (code: number) => void = () => {};
+  const done = new Promise<number>((resolve) => (finish = resolve));
+  const shutdown = (a: Agent) =>
+    a.stop().then(
+      () => finish(0),
+      (err) => {
+        logger.error("shutdown failed", { error: String(err) });
+        finish(1);
+      },
+    );
+  const stop = (signal: string) => {
+    if (stopping) {
+      logger.warn("second signal during shutdown, exiting now", { signal });
+      process.exit(1);
+    }
+    stopping = true;
+    logger.info("signal received, shutting down", { signal });
+    if (agent) void shutdown(agent);
+  };
+  const onTerm = () => stop("SIGTERM");
+  const onInt = () => stop("SIGINT");
+  process.on("SIGTERM", onTerm);
+  process.on("SIGINT", onInt);
+  try {
+    agent = await Agent.start(cfg, logger);
+  } catch (err) {
+    process.off("SIGTERM", onTerm);
+    process.off("SIGINT", onInt);
+    throw err;
+  }
+  const started = agent;
+  if (stopping) void shutdown(started);
+  process.on("SIGHUP", () => void started.reloadTls());
+  // SIGUSR2: a full garbage collection now, and the memory after it in the log. For whoever
+  // chases the memory of a board's agent: RSS between collections swings by tens of MB.
+  process.on("SIGUSR2", () => {
+    Bun.gc(true);
+    const m = process.memoryUsage();
+    const mb = (n: number) => Math.round((n / 1048576) * 10) / 10;
+    logger.info("memory after a full collection", { rss_mb: mb(m.rss), heap_used_mb: mb(m.heapUsed), external_mb: mb(m.external) });
   });
+  return done;
 }

@@ -1,8 +1,8 @@
 import { describe, expect, test } from "bun:test";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readFileSync, watch, writeFileSync } from "node:fs";
 import { PURGE_DELAY_MS } from "../../src/cli/allocator.ts";
 import { join } from "node:path";
-import { tmpDir, waitFor } from "../helpers.ts";
+import { BUN, MAIN, spawnLines, tmpDir, waitFor } from "../helpers.ts";
 import { cli, runAgent } from "./agent-process.ts";
 
 async function publish(socket: string, payload: unknown): Promise<{ status: number; id?: string }> {
@@ -149,6 +149,28 @@ describe("keyop run as a process", () => {
     own.child.proc.kill("SIGTERM");
     expect(await own.child.proc.exited).toBe(0);
   }, 40_000);
+
+  test("a SIGTERM the moment the socket file appears (before start has finished) is still a clean stop", async () => {
+    // The socket exists a moment before Agent.start returns (its mode is set after listen); a
+    // signal in that moment used to kill the process with the default action (exit 143).
+    for (let i = 0; i < 3; i++) {
+      const dir = tmpDir();
+      const socket = join(dir, "k.sock");
+      const child = spawnLines([BUN, MAIN, "run", "--data-dir", join(dir, "data"), "--socket", socket]);
+      const w = watch(dir, (_ev, name) => {
+        if (name === "k.sock") {
+          child.proc.kill("SIGTERM");
+          w.close();
+        }
+      });
+      expect(await child.proc.exited).toBe(0);
+      w.close();
+      await child.done;
+      expect(child.stderr()).toContain('"msg":"signal received, shutting down"');
+      // A clean stop removes the socket file.
+      expect(existsSync(socket)).toBe(false);
+    }
+  }, 30_000);
 
   test("SIGUSR2: a full collection, and the memory after it in the log", async () => {
     const dir = tmpDir();
