@@ -18,7 +18,7 @@ import mqtt, { type IClientOptions, type MqttClient } from "mqtt";
 import { connect as natsConnect, StorageType, type NatsConnection } from "nats";
 import { rssOf, anonOf, startAgent, publishRate } from "./api.ts";
 import { paced, start, startTrio, stop, streamCount, until, type Proc } from "./fed-lib.ts";
-import { printTable, quantile, writeResults, type Row } from "./lib.ts";
+import { diskFloorUs, printTable, quantile, writeResults, type Row } from "./lib.ts";
 import { RawHttp } from "./raw-http.ts";
 import { barChart, type Bar } from "./svg.ts";
 
@@ -262,8 +262,11 @@ async function ingestMqtt(): Promise<void> {
     // own and the client's, while keyop waits for an fdatasync per batch; this shows which.
     const clientCpu: Record<string, number> = { keyop: 0, mosquitto: 0 };
     const msgs: Record<string, number> = { keyop: 0, mosquitto: 0 };
+    // The disk's write + fdatasync latency before each round: keyop waits for it, Mosquitto does not.
+    const floors: number[] = [];
     let busy = 0;
     for (let r = 0; r < MQTT_ROUNDS; r++) {
+      floors.push(diskFloorUs(dir("keyop-mqtt")));
       for (const side of sides) {
         const c0 = cpuOf(side.pid);
         const u0 = process.cpuUsage();
@@ -280,8 +283,9 @@ async function ingestMqtt(): Promise<void> {
     // Each keyop round ran right before its Mosquitto round: the ratio within a round compares the
     // two under the same machine conditions, and its median is the steadiest figure of the lot.
     const paired = rates.keyop!.map((x, r) => x / rates.mosquitto![r]!);
-    pairedMqtt[n] = quantile(paired, 0.5);
-    row("1 ingest", `keyop MQTT / mosquitto, ${n} in flight, paired by round`, pairedMqtt[n]!, "x", `median of the per-round ratios: ${paired.map((x) => x.toFixed(2)).join(" / ")}`);
+    pairedMqtt[n] = quantile([...paired], 0.5);
+    row("1 ingest", `keyop MQTT / mosquitto, ${n} in flight, paired by round`, pairedMqtt[n]!, "x", `median of the per-round ratios (in round order): ${paired.map((x) => x.toFixed(2)).join(" / ")}; the disk's write + fdatasync before each round: ${floors.map((f) => f.toFixed(0)).join(" / ")} µs`);
+    row("floor", `write + fdatasync on this disk, during the MQTT rounds (${n} in flight)`, quantile([...floors], 0.5), "µs", `256 bytes into a preallocated file, 200 times before each round: ${floors.map((f) => f.toFixed(0)).join(" / ")} µs`);
     for (const side of sides) {
       const rounds = rates[side.who]!.map((x) => Math.round(x)).join(" / ");
       const rate = quantile(rates[side.who]!, 0.5);

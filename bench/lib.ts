@@ -3,7 +3,7 @@
  * percentiles over recorded samples, the printed table and the JSON file
  * under bench/results/.
  */
-import { mkdirSync, writeFileSync } from "node:fs";
+import { closeSync, fdatasyncSync, mkdirSync, openSync, rmSync, writeFileSync, writeSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { join } from "node:path";
 
@@ -65,4 +65,31 @@ export function writeResults(name: string, rows: Row[], extra: Record<string, un
 /** Resident set size of this process in MB. */
 export function rssMB(): number {
   return process.memoryUsage().rss / 2 ** 20;
+}
+
+/**
+ * Mean µs of a 256-byte write + fdatasync into a preallocated file in `dir`
+ * (as keyop's log writes: no size change to commit), `count` times. The
+ * disk's latency moves by a factor of two within an hour on these shared
+ * machines and a fsyncing server's rate moves with it: measured next to
+ * each round, it says which conditions a round ran under.
+ */
+export function diskFloorUs(dir: string, count = 200): number {
+  const path = join(dir, `floor-${process.pid}`);
+  const fd = openSync(path, "w");
+  try {
+    const rec = new Uint8Array(256).fill(7);
+    const zeros = new Uint8Array(count * rec.length);
+    writeSync(fd, zeros, 0, zeros.length, 0);
+    fdatasyncSync(fd);
+    const t0 = performance.now();
+    for (let i = 0; i < count; i++) {
+      writeSync(fd, rec, 0, rec.length, i * rec.length);
+      fdatasyncSync(fd);
+    }
+    return ((performance.now() - t0) * 1000) / count;
+  } finally {
+    closeSync(fd);
+    rmSync(path, { force: true });
+  }
 }
