@@ -29,9 +29,11 @@ export async function cmdRun(argv: string[]): Promise<number> {
     logLevel: p.flags["log-level"] as string | undefined,
   });
   const logger = createLogger({ level: cfg.log.level, format: cfg.log.format });
-  // The stop signals are taken before the agent starts: the API socket answers a moment before
-  // Agent.start returns, and a SIGTERM in that moment would otherwise kill the process with the
-  // default action instead of a clean stop. A signal during start stops the agent once it is up.
+  // Every signal the agent answers is taken before it starts: the API socket answers a moment
+  // before Agent.start returns, and a signal in that moment (or during a long start) would
+  // otherwise get the default action, which for all four is to end the process. A stop signal
+  // during start stops the agent once it is up; SIGHUP and SIGUSR2 then have nothing to act on
+  // (the TLS files are read by the start itself).
   let agent: Agent | undefined;
   let stopping = false;
   let finish: (code: number) => void = () => {};
@@ -53,27 +55,29 @@ export async function cmdRun(argv: string[]): Promise<number> {
     logger.info("signal received, shutting down", { signal });
     if (agent) void shutdown(agent);
   };
-  const onTerm = () => stop("SIGTERM");
-  const onInt = () => stop("SIGINT");
-  process.on("SIGTERM", onTerm);
-  process.on("SIGINT", onInt);
+  const handlers: [NodeJS.Signals, () => void][] = [
+    ["SIGTERM", () => stop("SIGTERM")],
+    ["SIGINT", () => stop("SIGINT")],
+    ["SIGHUP", () => void agent?.reloadTls()],
+    // SIGUSR2: a full garbage collection now, and the memory after it in the log. For whoever
+    // chases the memory of a board's agent: RSS between collections swings by tens of MB.
+    [
+      "SIGUSR2",
+      () => {
+        Bun.gc(true);
+        const m = process.memoryUsage();
+        const mb = (n: number) => Math.round((n / 1048576) * 10) / 10;
+        logger.info("memory after a full collection", { rss_mb: mb(m.rss), heap_used_mb: mb(m.heapUsed), external_mb: mb(m.external) });
+      },
+    ],
+  ];
+  for (const [sig, fn] of handlers) process.on(sig, fn);
   try {
     agent = await Agent.start(cfg, logger);
   } catch (err) {
-    process.off("SIGTERM", onTerm);
-    process.off("SIGINT", onInt);
+    for (const [sig, fn] of handlers) process.off(sig, fn);
     throw err;
   }
-  const started = agent;
-  if (stopping) void shutdown(started);
-  process.on("SIGHUP", () => void started.reloadTls());
-  // SIGUSR2: a full garbage collection now, and the memory after it in the log. For whoever
-  // chases the memory of a board's agent: RSS between collections swings by tens of MB.
-  process.on("SIGUSR2", () => {
-    Bun.gc(true);
-    const m = process.memoryUsage();
-    const mb = (n: number) => Math.round((n / 1048576) * 10) / 10;
-    logger.info("memory after a full collection", { rss_mb: mb(m.rss), heap_used_mb: mb(m.heapUsed), external_mb: mb(m.external) });
-  });
+  if (stopping) void shutdown(agent);
   return done;
 }

@@ -20,7 +20,7 @@ export async function runAgent(dir: string, extra: string[] = [], env: Record<st
   const socket = join(dir, "k.sock");
   const child = spawnLines([BUN, MAIN, "run", "--data-dir", dataDir, "--socket", socket, ...extra], env);
   await waitFor(async () => {
-    if (child.proc.exitCode !== null) throw new Error(`keyop run exited ${child.proc.exitCode}: ${child.stderr()}`);
+    if (child.proc.exitCode !== null || child.proc.signalCode !== null) throw new Error(`keyop run ended (exit ${child.proc.exitCode}, signal ${child.proc.signalCode}): ${child.stderr()}`);
     if (!existsSync(socket)) return false;
     try {
       return (await fetch("http://k/healthz", { unix: socket } as RequestInit)).ok;

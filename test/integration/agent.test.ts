@@ -172,6 +172,33 @@ describe("keyop run as a process", () => {
     }
   }, 30_000);
 
+  test("SIGHUP and SIGUSR2 the moment the socket file appears do not end the agent", async () => {
+    const dir = tmpDir();
+    const socket = join(dir, "k.sock");
+    const child = spawnLines([BUN, MAIN, "run", "--data-dir", join(dir, "data"), "--socket", socket]);
+    const w = watch(dir, (_ev, name) => {
+      if (name === "k.sock") {
+        child.proc.kill("SIGHUP");
+        child.proc.kill("SIGUSR2");
+        w.close();
+      }
+    });
+    await waitFor(async () => {
+      if (child.proc.exitCode !== null || child.proc.signalCode !== null) throw new Error(`keyop run ended: exit ${child.proc.exitCode}, signal ${child.proc.signalCode}`);
+      try {
+        return (await fetch("http://k/healthz", { unix: socket } as RequestInit)).ok;
+      } catch {
+        return false;
+      }
+    }, "agent socket ready", 20_000);
+    w.close();
+    // Both signals were answered, not taken as the default "end the process".
+    await waitFor(() => child.stderr().includes("memory after a full collection"), "the SIGUSR2 log line");
+    expect(child.proc.exitCode).toBeNull();
+    child.proc.kill("SIGTERM");
+    expect(await child.proc.exited).toBe(0);
+  }, 30_000);
+
   test("SIGUSR2: a full collection, and the memory after it in the log", async () => {
     const dir = tmpDir();
     const agent = await runAgent(dir);
