@@ -132,16 +132,31 @@ describe("ChannelLog", () => {
     await re.close();
   });
 
-  test("tail cache and disk give the same records", async () => {
+  test("tail cache and disk give the same records; the cache is kept only while someone reads", async () => {
     const dir = join(tmpDir(), "c");
     const log = await ChannelLog.open("c", dir, opts({ tailCacheBytes: 500 }), true);
-    for (let i = 0; i < 200; i++) await log.append(bodyOf(i));
-    const fromCache = await log.read(190, 100);
-    const fromDisk = await log.read(1, 200);
-    expect(fromCache.map((r) => dec.decode(r.body))).toEqual(fromDisk.slice(189).map((r) => dec.decode(r.body)));
-    expect(log.appendedAt(200)).toBeNumber();
-    expect(log.appendedAt(1)).toBeUndefined();
-    await log.close();
+    try {
+      // Nobody reads: nothing is cached.
+      for (let i = 0; i < 50; i++) await log.append(bodyOf(i));
+      expect(log.appendedAt(50)).toBeUndefined();
+      // A commit listener (a subscription waiting for records) turns the cache on.
+      const off = log.onCommit(() => {});
+      for (let i = 50; i < 100; i++) await log.append(bodyOf(i));
+      expect(log.appendedAt(100)).toBeNumber();
+      expect(log.appendedAt(50)).toBeUndefined(); // appended while nobody read
+      off();
+      // So does a recent read, without a listener.
+      expect((await log.read(1, 1)).length).toBe(1);
+      for (let i = 100; i < 200; i++) await log.append(bodyOf(i));
+      expect(log.appendedAt(200)).toBeNumber();
+      const fromCache = await log.read(190, 100);
+      const fromDisk = await log.read(1, 200);
+      expect(fromDisk.map((r) => r.seq)).toEqual(Array.from({ length: 200 }, (_, i) => i + 1));
+      expect(fromCache.map((r) => dec.decode(r.body))).toEqual(fromDisk.slice(189).map((r) => dec.decode(r.body)));
+      expect(log.appendedAt(1)).toBeUndefined();
+    } finally {
+      await log.close();
+    }
   });
 
   test("commit listeners fire after records become readable", async () => {
@@ -226,6 +241,25 @@ describe("ChannelLog", () => {
     expect(re.nextSeq).toBe(7);
     expect((await readAll(re)).length).toBe(6);
     await re.close();
+  });
+
+  test("one read fills its batch across small segments, in order, up to its limits", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096, tailCacheBytes: 0 }), true);
+    try {
+      for (let i = 0; i < 300; i++) await log.append(bodyOf(i, 50));
+      expect(readdirSync(dir).length).toBeGreaterThan(5);
+      const all = await log.read(1, 1000);
+      expect(all.map((r) => r.seq)).toEqual(Array.from({ length: 300 }, (_, i) => i + 1));
+      expect(dec.decode(all[299]!.body)).toBe("record-299" + "x".repeat(50));
+      const some = await log.read(10, 120);
+      expect(some.map((r) => r.seq)).toEqual(Array.from({ length: 120 }, (_, i) => i + 10));
+      const few = await log.read(1, 1000, 1000); // about 1,000 bytes: a record of ~70 past it at most
+      expect(few.length).toBeGreaterThan(5);
+      expect(few.length).toBeLessThan(20);
+    } finally {
+      await log.close();
+    }
   });
 
   test("a lot of segments open without scanning the sealed ones", async () => {
