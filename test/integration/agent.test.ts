@@ -47,6 +47,23 @@ async function storedIds(socket: string): Promise<string[]> {
   }
 }
 
+/**
+ * Starts `keyop run` and sends it `signals` the moment its socket file appears, that is while
+ * Agent.start has not yet returned (inotify is faster than the rest of the start).
+ */
+function runSignalledAtSocket(signals: NodeJS.Signals[]) {
+  const dir = tmpDir();
+  const socket = join(dir, "k.sock");
+  const child = spawnLines([BUN, MAIN, "run", "--data-dir", join(dir, "data"), "--socket", socket]);
+  const w = watch(dir, (_ev, name) => {
+    if (name === "k.sock") {
+      for (const sig of signals) child.proc.kill(sig);
+      w.close();
+    }
+  });
+  return { child, socket, unwatch: () => w.close() };
+}
+
 describe("keyop run as a process", () => {
   test("SIGKILL during an HTTP publish storm loses no 201-acknowledged message; the stale socket is replaced", async () => {
     const dir = tmpDir();
@@ -154,17 +171,9 @@ describe("keyop run as a process", () => {
     // The socket exists a moment before Agent.start returns (its mode is set after listen); a
     // signal in that moment used to kill the process with the default action (exit 143).
     for (let i = 0; i < 3; i++) {
-      const dir = tmpDir();
-      const socket = join(dir, "k.sock");
-      const child = spawnLines([BUN, MAIN, "run", "--data-dir", join(dir, "data"), "--socket", socket]);
-      const w = watch(dir, (_ev, name) => {
-        if (name === "k.sock") {
-          child.proc.kill("SIGTERM");
-          w.close();
-        }
-      });
+      const { child, socket, unwatch } = runSignalledAtSocket(["SIGTERM"]);
       expect(await child.proc.exited).toBe(0);
-      w.close();
+      unwatch();
       await child.done;
       expect(child.stderr()).toContain('"msg":"signal received, shutting down"');
       // A clean stop removes the socket file.
@@ -173,16 +182,7 @@ describe("keyop run as a process", () => {
   }, 30_000);
 
   test("SIGHUP and SIGUSR2 the moment the socket file appears do not end the agent", async () => {
-    const dir = tmpDir();
-    const socket = join(dir, "k.sock");
-    const child = spawnLines([BUN, MAIN, "run", "--data-dir", join(dir, "data"), "--socket", socket]);
-    const w = watch(dir, (_ev, name) => {
-      if (name === "k.sock") {
-        child.proc.kill("SIGHUP");
-        child.proc.kill("SIGUSR2");
-        w.close();
-      }
-    });
+    const { child, socket, unwatch } = runSignalledAtSocket(["SIGHUP", "SIGUSR2"]);
     await waitFor(async () => {
       if (child.proc.exitCode !== null || child.proc.signalCode !== null) throw new Error(`keyop run ended: exit ${child.proc.exitCode}, signal ${child.proc.signalCode}`);
       try {
@@ -191,7 +191,7 @@ describe("keyop run as a process", () => {
         return false;
       }
     }, "agent socket ready", 20_000);
-    w.close();
+    unwatch();
     // Both signals were answered, not taken as the default "end the process".
     await waitFor(() => child.stderr().includes("memory after a full collection"), "the SIGUSR2 log line");
     expect(child.proc.exitCode).toBeNull();
