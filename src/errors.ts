@@ -16,6 +16,7 @@ export type ErrorCode =
   | "too_large"
   | "disk_full"
   | "io_error"
+  | "log_unavailable"
   | "locked"
   | "closed"
   | "unknown_subscriber"
@@ -98,6 +99,17 @@ export class DiskFullError extends KeyopError {
 export class IoError extends KeyopError {
   constructor(message: string, cause?: unknown) {
     super("io_error", message, { cause });
+  }
+}
+
+/**
+ * The channel's disk failed and would not take even a fresh segment: the
+ * channel refuses appends (nothing of them stored) while it retries with
+ * backoff. Reads go on. Retry later.
+ */
+export class LogUnavailableError extends KeyopError {
+  constructor(message: string, cause?: unknown) {
+    super("log_unavailable", message, { cause });
   }
 }
 

@@ -13,14 +13,22 @@
  * position: an fdatasync that only overwrites already-allocated blocks need
  * not commit file-size metadata, which on ext4 roughly halves its cost for
  * batched writes (docs/storage.md has the figures).
+ *
+ * A failed fdatasync means the kernel may have dropped the bytes it could
+ * not write back while its page cache still shows them, so nothing past the
+ * last offset known durable is trusted again: the segment is sealed there,
+ * the records that were pending are written afresh into a new segment and
+ * acknowledged only after that segment's own fdatasync. If the disk will
+ * not take even that, the channel refuses appends with `log_unavailable`
+ * and tries again with backoff (docs/reliability.md).
  */
 import { mkdir, open, readdir, stat, unlink, type FileHandle } from "node:fs/promises";
 import { ftruncateSync, writeSync } from "node:fs";
 import { join } from "node:path";
-import { ClosedError, ioErrorFrom, TooLargeError, type KeyopError } from "../errors.ts";
+import { ClosedError, ioErrorFrom, LogUnavailableError, TooLargeError, type KeyopError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
-import { encodeRecords, MAX_RECORD_BODY, RECORD_HEADER_BYTES, type RawRecord } from "./record.ts";
-import { parseSegmentFileName, Segment, segmentFileName } from "./segment.ts";
+import { encodeRecords, MAX_RECORD_BODY, RECORD_HEADER_BYTES, uninitialized, writeRecord, type RawRecord } from "./record.ts";
+import { parseSegmentFileName, Segment, segmentFileName, type Damage } from "./segment.ts";
 import { fsyncDir } from "./fsync-dir.ts";
 
 /** How far an acknowledged append is from the platter. */
@@ -52,6 +60,24 @@ export interface RetentionPolicy {
   pinnedSeq: number;
 }
 
+/** How a channel's log stands with its disk, for /v1/status and /metrics. */
+export interface LogHealth {
+  /** "failed": the disk would not take a write, appends are refused until a retry succeeds. */
+  state: "ok" | "failed";
+  /** Why appends are refused (state "failed"). */
+  error: { code: string; message: string } | null;
+  /** fdatasyncs (and cuts of a failed write) that failed since open. */
+  failedSyncs: number;
+  /** Times the log went back to its durable end and went on in a fresh segment. */
+  reseals: number;
+  /** Committed records that could not be read back to be carried over (sync: interval). */
+  lostRecords: number;
+  /** Damaged stretches with valid records after them, found since open (the last few). */
+  damage: Damage[];
+  /** Records those stretches held, all of them counted. */
+  damagedRecords: number;
+}
+
 /** What one retention pass did. */
 export interface RetentionResult {
   removedSegments: number;
@@ -78,6 +104,15 @@ export type CommitListener = (firstSeq: number, nextSeq: number) => void;
 
 /** fdatasyncs allowed in flight at once (they overlap on most disks). */
 const PIPELINE_DEPTH = 2;
+/** Failed fdatasyncs in a row after which pending records are refused instead of written again. */
+const MAX_REWRITES = 2;
+/** Zeros written and fdatasynced to prove a fresh segment takes writes. */
+const PROBE_BYTES = 4096;
+/** Backoff between attempts to make a refusing log writable again (ms). */
+const RETRY_FIRST_MS = 100;
+const RETRY_MAX_MS = 2_000;
+/** Damaged stretches kept for status (all are counted and logged). */
+const DAMAGE_KEPT = 16;
 /** A reader idle this long (ms) no longer keeps the tail cache filled. */
 const CACHE_IDLE_MS = 2_000;
 /** Default preallocation step. */
@@ -110,9 +145,28 @@ export class ChannelLog {
   private inflight = 0;
   private commitTail: Promise<void> = Promise.resolve();
   private slotWaiters: (() => void)[] = [];
-  /** Bumped when an fdatasync fails: writes of an older epoch are void. */
+  /** Bumped when an fdatasync fails: writes of an older epoch are written again. */
   private epoch = 0;
-  private syncError: KeyopError | null = null;
+  /**
+   * End of the bytes of the active segment known to be on the disk, and the
+   * seq after them. Under `always` that is the committed end; under
+   * `interval` it trails it by up to one interval.
+   */
+  private durableEnd: number;
+  private durableSeq: number;
+  /** Set by a failed fdatasync: seal at the durable end before anything else is written. */
+  private needReseal = false;
+  /** Records whose fdatasync failed (or was voided by one), to write again in order. */
+  private redo: Pending[] = [];
+  /** Failed fdatasyncs since the last successful commit. */
+  private failuresInRow = 0;
+  private lastError: KeyopError | null = null;
+  /** Non-null while the log refuses appends. */
+  private failure: LogUnavailableError | null = null;
+  private retryTimer: ReturnType<typeof setTimeout> | null = null;
+  private retryAttempt = 0;
+  private readonly counters = { failedSyncs: 0, reseals: 0, lostRecords: 0, damagedRecords: 0 };
+  private readonly damageSeen: Damage[] = [];
   /** The zero-fill of the next preallocation step, running on the thread pool. */
   private extending: Promise<void> | null = null;
   /** Seq the next committed record gets: everything below is visible. */
@@ -129,8 +183,13 @@ export class ChannelLog {
     this.nextSeq = active.lastSeq + 1;
     this.writeSeq = this.nextSeq;
     this.writeEnd = active.size;
+    this.durableEnd = active.size;
+    this.durableSeq = this.nextSeq;
+    for (const seg of segments) this.watchDamage(seg);
+    for (const d of active.damage) this.noteDamage(d);
     if (opts.sync === "interval") {
-      this.syncTimer = setInterval(() => void this.syncNow().catch(() => {}), opts.syncIntervalMs);
+      // syncNow reports and handles its own failures.
+      this.syncTimer = setInterval(() => void this.syncNow(), opts.syncIntervalMs);
       this.syncTimer.unref?.();
     }
   }
@@ -162,7 +221,9 @@ export class ChannelLog {
       const next = bases[i + 1];
       const st = await stat(join(dir, segmentFileName(base)));
       const lastSeq = next === undefined ? base - 1 : next - 1;
-      segments.push(new Segment(dir, base, st.size, lastSeq, st.mtimeMs));
+      const seg = new Segment(dir, base, st.size, lastSeq, st.mtimeMs);
+      if (next !== undefined) seg.maxSeq = next - 1;
+      segments.push(seg);
     }
     const active = segments[segments.length - 1]!;
     try {
@@ -175,8 +236,9 @@ export class ChannelLog {
   }
 
   /**
-   * Scans the active segment. Zeros after the last record are preallocated
-   * space (kept); anything else there is a torn or corrupt tail, cut off
+   * Scans the active segment. Damage with valid records after it is kept
+   * (the constructor reports it); zeros after the last record are
+   * preallocated space (kept); anything else there is a torn tail, cut off
    * and reported with its byte count.
    */
   private static async recoverTail(name: string, active: Segment, opts: ChannelLogOptions): Promise<void> {
@@ -227,6 +289,7 @@ export class ChannelLog {
   /** Appends one encoded envelope; resolves with its seq once durable. */
   append(body: Uint8Array): Promise<number> {
     if (this.closed) return Promise.reject(new ClosedError(`channel ${this.name} is closed`));
+    if (this.failure) return Promise.reject(this.failure);
     if (body.length === 0 || body.length > MAX_RECORD_BODY) {
       return Promise.reject(new TooLargeError(`record of ${body.length} bytes is outside 1..${MAX_RECORD_BODY}`));
     }
@@ -244,6 +307,7 @@ export class ChannelLog {
    */
   appendMany(bodies: readonly Uint8Array[]): Promise<number[]> {
     if (this.closed) return Promise.reject(new ClosedError(`channel ${this.name} is closed`));
+    if (this.failure) return Promise.reject(this.failure);
     const n = bodies.length;
     if (n === 0) return Promise.resolve([]);
     for (const body of bodies) {
@@ -277,9 +341,16 @@ export class ChannelLog {
     // Let every append made in this tick join the first batch.
     await Promise.resolve();
     try {
-      while (this.queue.length > 0) {
+      while (this.queue.length > 0 || this.redo.length > 0 || this.needReseal) {
         while (this.inflight >= this.depth) await new Promise<void>((r) => this.slotWaiters.push(r));
-        const batch = this.queue;
+        if (this.needReseal) await this.recover();
+        if (this.failure) {
+          this.refuseWaiting(this.failure);
+          continue;
+        }
+        if (this.needReseal) continue;
+        const batch = this.redo.length > 0 ? this.redo.concat(this.queue) : this.queue;
+        this.redo = [];
         this.queue = [];
         await this.writeBatch(batch);
         // Let the publishers resolved meanwhile queue their next appends first.
@@ -295,7 +366,7 @@ export class ChannelLog {
     let i = 0;
     try {
       while (i < batch.length) {
-        let seg = this.segments[this.segments.length - 1]!;
+        let seg: Segment | null = this.segments[this.segments.length - 1]!;
         const first = batch[i]!.body.length + RECORD_HEADER_BYTES;
         if (this.writeEnd > 0 && this.writeEnd + first > this.opts.segmentBytes) seg = await this.roll();
         let room = this.opts.segmentBytes - this.writeEnd;
@@ -305,7 +376,11 @@ export class ChannelLog {
           j++;
         } while (j < batch.length && room >= batch[j]!.body.length + RECORD_HEADER_BYTES);
         const chunk = i === 0 && j === batch.length ? batch : batch.slice(i, j);
-        await this.writeChunk(seg, chunk);
+        if (seg === null || !(await this.writeChunk(seg, chunk))) {
+          // An fdatasync failed meanwhile: what is not written yet waits for the reseal.
+          for (; i < batch.length; i++) this.redo.push(batch[i]!);
+          return;
+        }
         i = j;
       }
     } catch (err) {
@@ -318,21 +393,25 @@ export class ChannelLog {
   /**
    * One positioned write of consecutive records; under `always` it starts
    * their fdatasync and queues the commit behind the ones in flight,
-   * otherwise it commits at once. Throws (nothing written) on a write error.
+   * otherwise it commits at once. False (nothing written) when a failed
+   * fdatasync asks for a reseal first; throws (nothing written) on a write
+   * error.
    */
-  private async writeChunk(seg: Segment, chunk: Pending[]): Promise<void> {
+  private async writeChunk(seg: Segment, chunk: Pending[]): Promise<boolean> {
     const fh = await seg.handle();
     const firstSeq = this.writeSeq;
     const buf = encodeRecords(firstSeq, chunk.map((p) => p.body));
     const pos = this.writeEnd;
     // Zeros being written must never land on a record: wait for a fill this write would cross.
     if (this.extending && pos + buf.length > seg.allocated) await this.extending;
+    // From here to the epoch taken below nothing awaits: no write lands behind a failure unseen.
+    if (this.needReseal) return false;
     try {
       let done = 0;
       while (done < buf.length) done += writeSync(fh.fd, buf, done, buf.length - done, pos + done);
     } catch (err) {
       // Nothing partial may stay behind: cut the file back to what was written before.
-      this.cutTo(seg, fh.fd, pos);
+      if (!this.cutTo(seg, fh.fd, pos)) this.syncFailed(err, "cut back a failed write");
       throw err;
     }
     this.writeEnd = pos + buf.length;
@@ -343,16 +422,28 @@ export class ChannelLog {
     if (this.opts.sync !== "always") {
       this.dirty = true;
       this.commit(seg, pos, firstSeq, chunk, buf);
-      return;
+      if (this.opts.sync === "none") {
+        // No promise is made past the write, so there is nothing to go back to.
+        this.durableEnd = this.writeEnd;
+        this.durableSeq = this.writeSeq;
+      }
+      return true;
     }
     this.inflight++;
     const epoch = this.epoch;
     const t = performance.now();
-    const synced = fh.datasync().then(
-      () => {
-        this.opts.onFsync?.(performance.now() - t);
-        return null;
-      },
+    const synced = seg.syncHandle().then((sfh) =>
+      sfh.datasync().then(
+        () => {
+          seg.releaseSyncHandle(sfh);
+          this.opts.onFsync?.(performance.now() - t);
+          return null;
+        },
+        (err: unknown) => {
+          seg.releaseSyncHandle(sfh);
+          return err;
+        },
+      ),
       (err: unknown) => err,
     );
     const prev = this.commitTail;
@@ -362,23 +453,228 @@ export class ChannelLog {
       this.inflight--;
       this.slotWaiters.shift()?.();
       if (epoch !== this.epoch) {
-        for (const p of chunk) p.reject(this.syncError);
+        // Written behind bytes the disk refused: written again after the reseal.
+        for (const p of chunk) this.redo.push(p);
         return;
       }
       if (err !== null) {
-        // The disk refused: nothing after the last durable byte can be trusted.
-        const e = ioErrorFrom(err, `fdatasync of channel ${this.name}`);
-        this.epoch++;
-        this.syncError = e;
-        this.cutTo(seg, fh.fd, seg.size);
-        this.writeEnd = seg.size;
-        this.writeSeq = this.nextSeq;
-        this.opts.logger.error("fdatasync failed", { channel: this.name, code: e.code, error: e.message });
-        for (const p of chunk) p.reject(e);
+        this.syncFailed(err, "fdatasync");
+        for (const p of chunk) this.redo.push(p);
         return;
       }
+      this.failuresInRow = 0;
       this.commit(seg, pos, firstSeq, chunk, buf);
+      this.durableEnd = seg.size;
+      this.durableSeq = this.nextSeq;
     })();
+    return true;
+  }
+
+  /**
+   * The disk refused an fdatasync (or a cut): nothing written since the
+   * durable end can be trusted. Writes stop until `recover` has sealed the
+   * segment there; whatever was in flight is written again.
+   */
+  private syncFailed(err: unknown, what: string): void {
+    const e = ioErrorFrom(err, `${what} of channel ${this.name}`);
+    this.counters.failedSyncs++;
+    this.failuresInRow++;
+    this.lastError = e;
+    this.epoch++;
+    this.needReseal = true;
+    this.opts.logger.error("fdatasync failed", { channel: this.name, code: e.code, error: e.message, durable_seq: this.durableSeq, next_seq: this.nextSeq, in_a_row: this.failuresInRow });
+    this.flushing ??= this.flushLoop();
+  }
+
+  /**
+   * Runs once nothing is in flight after a failure: seals the active segment
+   * at its durable end and goes on in a fresh one that has just taken a
+   * write and an fdatasync; or, after too many failures in a row or when
+   * even that fails, refuses appends and tries again later.
+   */
+  private async recover(): Promise<void> {
+    await this.drain();
+    if (this.extending) await this.extending;
+    this.needReseal = false;
+    if (!this.failure && this.failuresInRow > MAX_REWRITES) {
+      this.refuse(this.lastError);
+      return;
+    }
+    try {
+      await this.reseal();
+    } catch (err) {
+      const e = ioErrorFrom(err, `reseal of channel ${this.name}`);
+      this.counters.failedSyncs++;
+      this.lastError = e;
+      this.opts.logger.error("could not make the log writable", { channel: this.name, code: e.code, error: e.message, attempt: this.retryAttempt });
+      if (this.failure) this.scheduleRetry();
+      else this.refuse(e);
+      return;
+    }
+    this.counters.reseals++;
+    if (this.failure) {
+      this.opts.logger.warn("channel log writable again", { channel: this.name, next_seq: this.nextSeq, attempts: this.retryAttempt });
+      this.failure = null;
+      this.retryAttempt = 0;
+      this.failuresInRow = 0;
+    }
+  }
+
+  /** Refuses every append from now on with `log_unavailable`, and schedules a retry. */
+  private refuse(cause: KeyopError | null): void {
+    this.failure = new LogUnavailableError(`channel ${this.name} cannot write to its disk${cause ? `: ${cause.message}` : ""}; retrying`, cause ?? undefined);
+    this.opts.logger.error("channel log refuses appends", { channel: this.name, code: cause?.code, error: cause?.message, next_seq: this.nextSeq });
+    this.refuseWaiting(this.failure);
+    this.scheduleRetry();
+  }
+
+  private refuseWaiting(err: KeyopError): void {
+    const waiting = this.redo.concat(this.queue);
+    this.redo = [];
+    this.queue = [];
+    for (const p of waiting) p.reject(err);
+  }
+
+  private scheduleRetry(): void {
+    if (this.closed || this.retryTimer) return;
+    const ms = Math.min(RETRY_MAX_MS, RETRY_FIRST_MS * 2 ** this.retryAttempt);
+    this.retryAttempt++;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = null;
+      if (this.closed) return;
+      this.needReseal = true;
+      this.flushing ??= this.flushLoop();
+    }, ms);
+  }
+
+  /**
+   * Seals the active segment at its durable end and starts a fresh one
+   * there (or, when nothing of the active one is durable, starts that one
+   * over). Committed records past the durable end (sync: interval) are
+   * carried into it; then it takes a write and an fdatasync on handles
+   * opened after the failure, which is what vouches for it. Throws if the
+   * disk refuses any step; the log is then as it was.
+   */
+  private async reseal(): Promise<void> {
+    const active = this.segments[this.segments.length - 1]!;
+    const carried = this.durableSeq < this.nextSeq ? await this.readCarried(active) : [];
+    let fresh: Segment;
+    if (this.durableEnd === 0) {
+      fresh = active;
+      await active.reopen();
+      await (await active.handle()).truncate(0);
+      active.cutAt(0, active.baseSeq - 1);
+    } else {
+      const sealer = await open(active.path, "r+");
+      try {
+        await sealer.truncate(this.durableEnd);
+        await sealer.datasync();
+      } finally {
+        await sealer.close();
+      }
+      fresh = new Segment(this.dir, this.durableSeq, 0, this.durableSeq - 1, Date.now());
+      this.watchDamage(fresh);
+      fresh.adopt(await open(fresh.path, "w+"));
+      try {
+        await fsyncDir(this.dir);
+      } catch (err) {
+        await fresh.close();
+        await unlink(fresh.path).catch((e) => this.opts.logger.warn("could not remove an unused segment", { channel: this.name, segment: fresh.path, error: String(e) }));
+        throw err;
+      }
+      active.cutAt(this.durableEnd, this.durableSeq - 1);
+      active.maxSeq = this.durableSeq - 1;
+      await active.reopen();
+      this.segments.push(fresh);
+    }
+    // The carried records, then zeros (preallocated space), written and synced on fresh handles.
+    let total = PROBE_BYTES;
+    for (const r of carried) total += RECORD_HEADER_BYTES + r.body.length;
+    const buf = uninitialized(total);
+    const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+    let end = 0;
+    const offsets: number[] = [];
+    for (const r of carried) {
+      offsets.push(end);
+      end = writeRecord(buf, view, end, r.seq, r.body);
+    }
+    buf.fill(0, end);
+    const fh = await fresh.handle();
+    let done = 0;
+    while (done < buf.length) done += writeSync(fh.fd, buf, done, buf.length - done, done);
+    const sfh = await fresh.syncHandle();
+    try {
+      await sfh.datasync();
+    } finally {
+      fresh.releaseSyncHandle(sfh);
+    }
+    for (let k = 0; k < carried.length; k++) fresh.noteAppended(carried[k]!.seq, offsets[k]!);
+    fresh.size = end;
+    fresh.allocated = buf.length;
+    fresh.lastSeq = this.nextSeq - 1;
+    fresh.lastWriteMs = Date.now();
+    this.writeEnd = end;
+    this.writeSeq = this.nextSeq;
+    this.durableEnd = end;
+    this.durableSeq = this.nextSeq;
+    this.opts.logger.warn("log resealed after a failed fdatasync", { channel: this.name, segment: fresh.path, durable_seq: fresh.baseSeq, carried: carried.length, next_seq: this.nextSeq });
+  }
+
+  /**
+   * Committed records from the durable end on (sync: interval), read back
+   * to be written again; those that cannot be read are counted and logged.
+   */
+  private async readCarried(seg: Segment): Promise<RawRecord[]> {
+    const out: RawRecord[] = [];
+    let from = this.durableSeq;
+    while (from < this.nextSeq) {
+      let got: RawRecord[] = [];
+      try {
+        got = await seg.read(from, 1000, 1 << 20);
+      } catch (err) {
+        this.opts.logger.error("could not read back records to carry over", { channel: this.name, from_seq: from, error: String(err) });
+      }
+      if (got.length === 0) break;
+      for (const r of got) out.push({ seq: r.seq, body: r.body.slice() });
+      from = got[got.length - 1]!.seq + 1;
+    }
+    const lost = this.nextSeq - this.durableSeq - out.length;
+    if (lost > 0) {
+      this.counters.lostRecords += lost;
+      this.opts.logger.error("records lost with a failed fdatasync", { channel: this.name, from_seq: this.durableSeq, next_seq: this.nextSeq, lost });
+    }
+    return out;
+  }
+
+  private watchDamage(seg: Segment): void {
+    seg.onDamage = (d) => this.noteDamage(d);
+  }
+
+  private noteDamage(d: Damage): void {
+    const records = d.lastSeq - d.firstSeq + 1;
+    this.counters.damagedRecords += records;
+    this.damageSeen.push(d);
+    if (this.damageSeen.length > DAMAGE_KEPT) this.damageSeen.shift();
+    this.opts.logger.error("corruption in the middle of a segment: the records after it are kept", {
+      channel: this.name,
+      segment: d.segment,
+      offset: d.offset,
+      bytes: d.bytes,
+      reason: d.reason,
+      first_lost_seq: d.firstSeq,
+      last_lost_seq: d.lastSeq,
+      lost: records,
+    });
+  }
+
+  /** How the log stands with its disk. */
+  health(): LogHealth {
+    return {
+      state: this.failure ? "failed" : "ok",
+      error: this.failure ? { code: this.failure.code, message: this.failure.message } : null,
+      ...this.counters,
+      damage: [...this.damageSeen],
+    };
   }
 
   /** Makes records written at `pos` visible, resolves their publishers, wakes readers. */
@@ -439,13 +735,15 @@ export class ChannelLog {
     })();
   }
 
-  /** Truncates the active segment to `size`, dropping preallocated space after it. */
-  private cutTo(seg: Segment, fd: number, size: number): void {
+  /** Truncates the active segment to `size`, dropping preallocated space after it; false if the disk refused. */
+  private cutTo(seg: Segment, fd: number, size: number): boolean {
     try {
       ftruncateSync(fd, size);
       seg.allocated = size;
+      return true;
     } catch (err) {
       this.opts.logger.error("could not cut back the segment", { channel: this.name, segment: seg.path, error: String(err) });
+      return false;
     }
   }
 
@@ -458,20 +756,41 @@ export class ChannelLog {
     } while (tail !== this.commitTail);
   }
 
-  /** Seals the active segment (cut to its records, synced) and starts a new one. */
-  private async roll(): Promise<Segment> {
+  /**
+   * Seals the active segment (cut to its records, synced) and starts a new
+   * one. Null when an fdatasync failed, before or here: the reseal comes first.
+   */
+  private async roll(): Promise<Segment | null> {
     await this.drain();
     if (this.extending) await this.extending;
+    if (this.needReseal) return null;
     const old = this.segments[this.segments.length - 1]!;
     const oldFh = await old.handle();
-    this.cutTo(old, oldFh.fd, old.size);
-    if (this.opts.sync !== "none") await oldFh.datasync();
+    if (!this.cutTo(old, oldFh.fd, old.size)) {
+      this.syncFailed(new Error("ftruncate failed"), "seal");
+      return null;
+    }
+    if (this.opts.sync !== "none") {
+      const sfh = await old.syncHandle();
+      try {
+        await sfh.datasync();
+      } catch (err) {
+        this.syncFailed(err, "fdatasync at seal");
+        return null;
+      } finally {
+        old.releaseSyncHandle(sfh);
+      }
+    }
     const seg = new Segment(this.dir, this.nextSeq, 0, this.nextSeq - 1, Date.now());
+    this.watchDamage(seg);
     seg.adopt(await open(seg.path, "w+"));
     if (this.opts.sync !== "none") await fsyncDir(this.dir);
+    old.maxSeq = this.nextSeq - 1;
     this.segments.push(seg);
     this.writeEnd = 0;
     this.writeSeq = this.nextSeq;
+    this.durableEnd = 0;
+    this.durableSeq = this.nextSeq;
     await old.close();
     this.opts.logger.debug("segment rolled", { channel: this.name, sealed: old.path, next_seq: this.nextSeq });
     return seg;
@@ -573,15 +892,36 @@ export class ChannelLog {
     return () => this.listeners.delete(listener);
   }
 
-  /** fdatasync now if anything was written since the last one (interval mode). */
+  /**
+   * fdatasync now if anything was written since the last one (interval
+   * mode). A failure is logged, counted and handled like one under
+   * `always`: the log goes back to the last durable end and carries the
+   * records after it into a fresh segment, which is the retry.
+   */
   async syncNow(): Promise<void> {
-    if (!this.dirty) return;
+    if (!this.dirty || this.needReseal || this.failure || this.closed) return;
     this.dirty = false;
-    const fh = this.segments[this.segments.length - 1]!.openHandle;
-    if (!fh) return;
+    const seg = this.segments[this.segments.length - 1]!;
+    if (!seg.openHandle) return;
+    const end = this.writeEnd;
+    const seq = this.writeSeq;
+    const epoch = this.epoch;
     const t = performance.now();
-    await fh.datasync();
+    let sfh: FileHandle | null = null;
+    try {
+      sfh = await seg.syncHandle();
+      await sfh.datasync();
+    } catch (err) {
+      if (epoch === this.epoch && seg === this.segments[this.segments.length - 1]) this.syncFailed(err, "periodic fdatasync");
+      return;
+    } finally {
+      if (sfh) seg.releaseSyncHandle(sfh);
+    }
     this.opts.onFsync?.(performance.now() - t);
+    if (epoch === this.epoch && seg === this.segments[this.segments.length - 1] && end > this.durableEnd) {
+      this.durableEnd = end;
+      this.durableSeq = seq;
+    }
   }
 
   /**
@@ -608,7 +948,8 @@ export class ChannelLog {
       result.removedBytes += seg.size;
     }
     if (result.removedSegments > 0) {
-      if (this.opts.sync !== "none") await fsyncDir(this.dir).catch(() => {});
+      // The removals are done either way; a failed directory sync only means a crash may bring a removed file back.
+      if (this.opts.sync !== "none") await fsyncDir(this.dir).catch((err) => this.opts.logger.warn("directory sync after retention failed", { channel: this.name, error: String(err) }));
       result.firstSeq = this.firstSeq;
     }
     return result;
@@ -625,11 +966,21 @@ export class ChannelLog {
     await this.drain();
     if (this.extending) await this.extending;
     if (this.syncTimer) clearInterval(this.syncTimer);
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryTimer = null;
     const active = this.segments[this.segments.length - 1]!;
     const fh = active.openHandle;
-    if (fh) {
+    if (fh && !this.failure) {
       this.cutTo(active, fh.fd, active.size);
-      await fh.datasync().catch(() => {});
+      const sfh = await active.syncHandle().catch(() => null);
+      try {
+        await (sfh ?? fh).datasync();
+      } catch (err) {
+        // Under `always` everything committed was synced already; under `interval` the last interval may be lost.
+        this.opts.logger.error("fdatasync at close failed", { channel: this.name, code: ioErrorFrom(err, "close").code, error: String(err), durable_seq: this.durableSeq, next_seq: this.nextSeq });
+      } finally {
+        if (sfh) active.releaseSyncHandle(sfh);
+      }
     }
     for (const s of this.segments) await s.close();
     this.listeners.clear();

@@ -100,3 +100,51 @@ export function scanRecords(
     seq++;
   }
 }
+
+/** Where a resynchronising search found a valid record. */
+export interface FoundRecord {
+  offset: number;
+  seq: number;
+}
+
+/** A file that can be read at a position (a FileHandle, or a test's fake). */
+export interface PositionalReader {
+  read(buf: Uint8Array, offset: number, length: number, position: number): Promise<{ bytesRead: number }>;
+}
+
+const SEARCH_CHUNK = 1 << 20;
+
+/**
+ * Searches bytes [from, end) of a file for the first offset holding a whole
+ * valid record (length in range, CRC matching) whose seq lies in
+ * [minSeq, maxSeq]: where the records go on after damage. Null when none
+ * does, which makes everything from `from` a torn tail.
+ */
+export async function findNextRecord(file: PositionalReader, from: number, end: number, minSeq: number, maxSeq: number): Promise<FoundRecord | null> {
+  // A record takes at least RECORD_HEADER_BYTES + 1 bytes, so no valid seq can lie further ahead.
+  const seqBound = Math.min(maxSeq, minSeq + Math.ceil((end - from) / (RECORD_HEADER_BYTES + 1)));
+  const buf = new Uint8Array(Math.min(SEARCH_CHUNK + RECORD_HEADER_BYTES, Math.max(end - from, 0)));
+  for (let base = from; base + RECORD_HEADER_BYTES <= end; base += SEARCH_CHUNK) {
+    const want = Math.min(buf.length, end - base);
+    const { bytesRead } = await file.read(buf, 0, want, base);
+    const view = new DataView(buf.buffer, buf.byteOffset, bytesRead);
+    const last = Math.min(bytesRead - RECORD_HEADER_BYTES, SEARCH_CHUNK - 1);
+    for (let p = 0; p <= last; p++) {
+      const len = view.getUint32(p, true);
+      if (len === 0 || len > MAX_RECORD_BODY || base + p + RECORD_HEADER_BYTES + len > end) continue;
+      const hi = view.getUint32(p + 12, true);
+      const seq = view.getUint32(p + 8, true) + hi * 0x1_0000_0000;
+      if (seq < minSeq || seq > seqBound) continue;
+      const crc = view.getUint32(p + 4, true);
+      let body: Uint8Array;
+      if (p + RECORD_HEADER_BYTES + len <= bytesRead) body = buf.subarray(p + 8, p + RECORD_HEADER_BYTES + len);
+      else {
+        body = new Uint8Array(len + 8);
+        const got = await file.read(body, 0, body.length, base + p + 8);
+        if (got.bytesRead < body.length) continue;
+      }
+      if (Bun.hash.crc32(body) === crc) return { offset: base + p, seq };
+    }
+  }
+  return null;
+}

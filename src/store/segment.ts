@@ -8,7 +8,7 @@
  */
 import { open, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
-import { RECORD_HEADER_BYTES, scanRecords, type RawRecord, type ScanStop } from "./record.ts";
+import { findNextRecord, RECORD_HEADER_BYTES, scanRecords, type RawRecord, type ScanStop } from "./record.ts";
 
 /** Bytes between sparse index entries. */
 export const INDEX_INTERVAL = 4096;
@@ -29,11 +29,30 @@ export function parseSegmentFileName(name: string): number | null {
 
 /** What a full scan of a segment found. */
 export interface SegmentScan {
-  /** Bytes of valid records from the start of the file. */
+  /** Bytes from the start of the file to the end of the last valid record. */
   validBytes: number;
   fileBytes: number;
   lastSeq: number;
+  /** Why the records ended before the end of the file ("end" when they did not). */
   stop: ScanStop;
+  /** Damaged stretches with valid records after them (kept, skipped by reads). */
+  damage: Damage[];
+}
+
+/**
+ * A stretch of a segment that holds no valid record, with valid records
+ * after it: corruption in the middle, not a torn tail. Reads skip it; the
+ * records it held (seqs `firstSeq..lastSeq`) are gone.
+ */
+export interface Damage {
+  segment: string;
+  /** Byte offset where the damage starts, and how many bytes it spans (0: only seqs are missing). */
+  offset: number;
+  bytes: number;
+  firstSeq: number;
+  lastSeq: number;
+  /** What was found at `offset`. */
+  reason: ScanStop;
 }
 
 /** A segment file with its committed extent and sparse index. */
@@ -53,6 +72,16 @@ export class Segment {
   allocated: number;
   /** False until the sparse index covers the whole committed extent. */
   indexed = false;
+  /**
+   * Highest seq this segment may hold: a sealed segment ends where the next
+   * one begins, and records past that (left by a cut that did not reach the
+   * disk before a crash) are copies the next segment holds.
+   */
+  maxSeq = Number.MAX_SAFE_INTEGER;
+  /** Damaged stretches found by the last scan, in file order. */
+  damage: Damage[] = [];
+  /** Called for each damaged stretch a scan finds (logs and counters). */
+  onDamage: ((d: Damage) => void) | null = null;
   private idxSeq: number[] = [];
   private idxOff: number[] = [];
   private nextIndexOff = 0;
@@ -60,6 +89,8 @@ export class Segment {
   private opening: Promise<FileHandle> | null = null;
   private busy = 0;
   private closeWhenIdle = false;
+  private freeSync: FileHandle[] = [];
+  private lentSync = new Set<FileHandle>();
 
   constructor(dir: string, baseSeq: number, size: number, lastSeq: number, lastWriteMs: number) {
     this.baseSeq = baseSeq;
@@ -87,7 +118,9 @@ export class Segment {
   /**
    * Scans the whole file, checking every record, and rebuilds the index.
    * Used for the active segment at open (to find a torn tail) and for sealed
-   * segments on first read.
+   * segments on first read. A bad stretch followed by valid records is
+   * damage, kept and reported; only a bad stretch with nothing valid after
+   * it ends the records (a torn tail).
    */
   async scan(): Promise<SegmentScan> {
     const fh = await this.handle();
@@ -95,34 +128,53 @@ export class Segment {
     this.idxSeq = [];
     this.idxOff = [];
     this.nextIndexOff = 0;
+    this.damage = [];
     let pos = 0;
     let seq = this.baseSeq;
     let buf = new Uint8Array(Math.min(READ_CHUNK * 16, Math.max(fileBytes, RECORD_HEADER_BYTES)));
     let stop: ScanStop = "end";
+    const maxSeq = this.maxSeq;
+    const visit = (s: number, off: number) => {
+      if (s > maxSeq) return false;
+      this.noteAppended(s, off);
+    };
     while (pos < fileBytes) {
       const chunkStart = pos;
       const want = Math.min(buf.length, fileBytes - pos);
       const { bytesRead } = await fh.read(buf, 0, want, pos);
       const chunk = buf.subarray(0, bytesRead);
-      const r = scanRecords(chunk, 0, seq, (s, off) => this.noteAppended(s, chunkStart + off));
+      const r = scanRecords(chunk, 0, seq, (s, off) => visit(s, chunkStart + off));
       pos += r.end;
       seq = r.lastSeq + 1;
+      if (seq > maxSeq) break;
       const moreInFile = chunkStart + bytesRead < fileBytes;
       if (r.stop === "end" && bytesRead > 0) continue;
       if (r.stop === "partial" && moreInFile) {
         // A record crosses the chunk edge: read on from its start, with room for all of it.
         const rest = chunk.subarray(r.end);
         const need = rest.length >= 4 ? new DataView(rest.buffer, rest.byteOffset).getUint32(0, true) + RECORD_HEADER_BYTES : RECORD_HEADER_BYTES;
-        if (need > buf.length) buf = new Uint8Array(need);
-        continue;
+        if (need <= buf.length) continue;
+        if (need <= fileBytes - pos) {
+          buf = new Uint8Array(need);
+          continue;
+        }
       }
-      stop = r.stop;
-      break;
+      // Not a clean end: damage in the middle if a valid record follows, else the tail.
+      const found = await findNextRecord(fh, pos, fileBytes, seq, maxSeq);
+      if (!found) {
+        stop = r.stop === "end" ? "partial" : r.stop;
+        break;
+      }
+      const d: Damage = { segment: this.path, offset: pos, bytes: found.offset - pos, firstSeq: seq, lastSeq: found.seq - 1, reason: r.stop === "end" ? "partial" : r.stop };
+      this.damage.push(d);
+      this.onDamage?.(d);
+      pos = found.offset;
+      seq = found.seq;
     }
     this.lastSeq = seq - 1;
     this.size = pos;
     this.indexed = true;
-    return { validBytes: pos, fileBytes, lastSeq: seq - 1, stop: pos === fileBytes ? "end" : stop };
+    return { validBytes: pos, fileBytes, lastSeq: seq - 1, stop: pos === fileBytes ? "end" : stop, damage: this.damage };
   }
 
   /**
@@ -144,22 +196,27 @@ export class Segment {
         const buf = new Uint8Array(want);
         const { bytesRead } = await fh.read(buf, 0, want, pos);
         const chunk = buf.subarray(0, bytesRead);
+        const last = this.lastSeq;
         const r = scanRecords(chunk, 0, seq, (s, _off, bodyStart, bodyLen) => {
+          if (s > last) return false;
           if (s < fromSeq) return true;
           out.push({ seq: s, body: chunk.subarray(bodyStart, bodyStart + bodyLen) });
           bytes += bodyLen + RECORD_HEADER_BYTES;
           return out.length < maxCount && bytes < maxBytes;
         });
-        if (r.end === 0) {
-          if (r.stop === "partial" && want < this.size - pos) {
-            chunkSize = Math.min(this.size - pos, chunkSize * 4);
-            continue;
-          }
-          break; // corrupt data inside a committed extent: stop here, the caller moves on
-        }
         pos += r.end;
         seq = r.lastSeq + 1;
-        if (r.stop !== "end" && r.stop !== "partial") break;
+        if (seq > last) break;
+        if (r.stop === "end" || (r.stop === "partial" && r.end > 0)) continue;
+        if (r.stop === "partial" && want < this.size - pos) {
+          chunkSize = Math.min(this.size - pos, chunkSize * 4);
+          continue;
+        }
+        // Known damage is stepped over; anything else inside the committed extent ends the read.
+        const d = this.damage.find((x) => x.offset === pos);
+        if (!d) break;
+        pos = d.offset + d.bytes;
+        seq = d.lastSeq + 1;
       }
       return out;
     } finally {
@@ -208,6 +265,51 @@ export class Segment {
     }
   }
 
+  /**
+   * A handle of its own for one fdatasync. A write-back error is reported
+   * once per open file, to whichever fdatasync on it asks first: two
+   * fdatasyncs in flight on one handle can each take the other's error, so
+   * that the one whose bytes were lost reports success. A handle per
+   * fdatasync in flight gets every error to each of them.
+   */
+  async syncHandle(): Promise<FileHandle> {
+    const fh = this.freeSync.pop() ?? (await open(this.path, "r+"));
+    this.lentSync.add(fh);
+    return fh;
+  }
+
+  /** Gives back a handle from `syncHandle` once its fdatasync is done. */
+  releaseSyncHandle(fh: FileHandle): void {
+    if (this.lentSync.delete(fh)) this.freeSync.push(fh);
+    // Lent before the segment was closed or reopened: retire it. Its fdatasync is done and was
+    // acted on, so a close error loses nothing.
+    else void fh.close().catch(() => {});
+  }
+
+  /**
+   * Closes every handle, so that nothing opened before a write-back error
+   * is used after it: the next use opens afresh.
+   */
+  async reopen(): Promise<void> {
+    await this.closeNow();
+  }
+
+  /**
+   * Forgets everything from byte `offset` on (the file was cut there): the
+   * committed extent, index entries and damage past it.
+   */
+  cutAt(offset: number, lastSeq: number): void {
+    this.size = offset;
+    this.allocated = offset;
+    this.lastSeq = lastSeq;
+    let n = this.idxOff.length;
+    while (n > 0 && this.idxOff[n - 1]! >= offset) n--;
+    this.idxOff.length = n;
+    this.idxSeq.length = n;
+    this.nextIndexOff = n > 0 ? this.idxOff[n - 1]! + INDEX_INTERVAL : 0;
+    this.damage = this.damage.filter((d) => d.offset < offset);
+  }
+
   /** The already-open handle, if any (the writer keeps the active one open). */
   get openHandle(): FileHandle | null {
     return this.fh;
@@ -232,6 +334,11 @@ export class Segment {
     this.closeWhenIdle = false;
     const fh = this.fh;
     this.fh = null;
-    if (fh) await fh.close().catch(() => {});
+    const sync = this.freeSync;
+    this.freeSync = [];
+    this.lentSync = new Set();
+    // A close error loses nothing here: every write through these handles was followed by an
+    // fdatasync whose result was acted on, and the file is reopened for anything that follows.
+    for (const h of fh ? [fh, ...sync] : sync) await h.close().catch(() => {});
   }
 }
