@@ -86,6 +86,9 @@ export class Agent {
         gauges: () => ({
           keyop_uptime_seconds: { help: "Seconds since the agent started.", value: (Date.now() - (agent?.startedAt ?? Date.now())) / 1000 },
           ...agent?.federation?.gauges(),
+          ...(agent?.mqtt
+            ? { keyop_mqtt_session_save_failures: { help: "Saves of the MQTT session state that failed since start (each retried).", value: agent.mqtt.sessions.health().failedSaves } }
+            : {}),
         }),
       });
       agent = new Agent(config, messenger, api, logger, tls);
@@ -95,9 +98,11 @@ export class Agent {
         federation.start();
       }
     } catch (err) {
-      await mqttServer?.stop().catch(() => {});
-      await federation?.stop().catch(() => {});
-      await agent?.api.stop().catch(() => {});
+      // The start failed and `err` is what the caller must see; a failed stop of a half-started part is logged.
+      const stopFailed = (part: string) => (e: unknown) => logger.warn("stop after a failed start failed", { part, error: String(e) });
+      await mqttServer?.stop().catch(stopFailed("mqtt"));
+      await federation?.stop().catch(stopFailed("federation"));
+      await agent?.api.stop().catch(stopFailed("api"));
       await messenger.close();
       throw err;
     }

@@ -5,11 +5,13 @@
  * segment is percent-decoded, so `..%2F..%2Fetc` stays one segment and then
  * fails channel validation; no request can name a file.
  */
-import { chmod, unlink } from "node:fs/promises";
+import { chmod } from "node:fs/promises";
+import { unlinkIfExists } from "../store/fsync-dir.ts";
 import type { Server } from "bun";
 import { assertChannel, assertName, assertPattern } from "../envelope/names.ts";
 import { BadRequestError, KeyopError } from "../errors.ts";
-import type { Messenger } from "../messenger/messenger.ts";
+import type { Messenger, MessengerStats } from "../messenger/messenger.ts";
+import type { LogHealth } from "../store/channel-log.ts";
 import type { Logger } from "../observability/logger.ts";
 import { renderMetrics, type ExtraGauges } from "../observability/metrics.ts";
 import { boolParam, errorBody, errorResponse, fromParam, intParam, json, requiredParam, statusOf } from "./http.ts";
@@ -105,7 +107,7 @@ export class ApiServer {
   private async discardBody(req: Request): Promise<void> {
     const len = Number(req.headers.get("content-length") ?? 0);
     if (req.bodyUsed || !(len > 0) || len > this.opts.limits.maxBatchBytes) return;
-    await req.arrayBuffer().catch(() => {});
+    await req.arrayBuffer().catch(() => undefined); // the client went away mid-body: nothing to answer, nothing stored
   }
 
   private async route(req: Request, server: Server<WsData>): Promise<Response | undefined> {
@@ -191,6 +193,7 @@ export class ApiServer {
         delivered: c.delivered,
         acked: c.acked,
         dead_lettered: c.deadLettered,
+        disk: diskJson(c.disk),
         subscribers: c.subscribers.map((s) => ({ name: s.name, pattern: s.pattern, cursor: s.cursor, lag: s.lag, skipped: s.skipped, active: s.active })),
       })),
     };
@@ -200,7 +203,13 @@ export class ApiServer {
     const st = this.opts.messenger.stats();
     return {
       ...this.opts.status(),
-      storage: { channels: st.totals.channels, messages: st.totals.messages, bytes: st.totals.bytes, subscribers: st.totals.subscribers },
+      storage: {
+        channels: st.totals.channels,
+        messages: st.totals.messages,
+        bytes: st.totals.bytes,
+        subscribers: st.totals.subscribers,
+        disk: storageDisk(st),
+      },
       api: { socket: this.opts.socketPath, requests_in_flight: this.inflight, streams: this.streams.size },
     };
   }
@@ -237,8 +246,44 @@ export class ApiServer {
     this.server = null;
     await Promise.race([server.stop(false), Bun.sleep(Math.min(graceMs, 2000))]);
     await server.stop(true);
-    await unlink(this.opts.socketPath).catch(() => {});
+    await unlinkIfExists(this.opts.socketPath).catch((err) => this.opts.logger.warn("could not remove the socket file (the next start removes it)", { socket: this.opts.socketPath, error: String(err) }));
   }
+}
+
+function diskJson(h: LogHealth): Record<string, unknown> {
+  return {
+    state: h.state,
+    error: h.error,
+    failed_syncs: h.failedSyncs,
+    reseals: h.reseals,
+    lost_records: h.lostRecords,
+    damaged_records: h.damagedRecords,
+    damage: h.damage.map((d) => ({ segment: d.segment, offset: d.offset, bytes: d.bytes, first_seq: d.firstSeq, last_seq: d.lastSeq, reason: d.reason })),
+  };
+}
+
+/**
+ * The data directory's disk at a glance: "failing" while any channel
+ * refuses appends or cursors wait on a failed write; the counters since
+ * start; and the channels with anything to report, in full.
+ */
+function storageDisk(st: MessengerStats): Record<string, unknown> {
+  const sum = (f: (h: LogHealth) => number) => st.channels.reduce((n, c) => n + f(c.disk), 0);
+  const refusing = st.channels.filter((c) => c.disk.state === "failed").map((c) => c.channel);
+  const cursorsFailing = st.cursors.failedWrites > 0 && st.cursors.pending > 0;
+  return {
+    state: refusing.length > 0 || cursorsFailing ? "failing" : "ok",
+    refusing_channels: refusing,
+    failed_syncs: sum((h) => h.failedSyncs),
+    reseals: sum((h) => h.reseals),
+    lost_records: sum((h) => h.lostRecords),
+    damaged_records: sum((h) => h.damagedRecords),
+    cursor_failed_writes: st.cursors.failedWrites,
+    cursors_pending: st.cursors.pending,
+    channels: st.channels
+      .filter((c) => c.disk.state !== "ok" || c.disk.failedSyncs > 0 || c.disk.damagedRecords > 0 || c.disk.lostRecords > 0)
+      .map((c) => ({ channel: c.channel, ...diskJson(c.disk) })),
+  };
 }
 
 function only(method: string, allowed: string): Response | undefined {

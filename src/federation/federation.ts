@@ -128,7 +128,10 @@ export class Federation {
 
   /** Starts the hub listener and every link. */
   start(): void {
-    this.cleanupTimer = setInterval(() => void this.cleanupPeerCursors().catch(() => {}), Math.min(3_600_000, this.cfg.federation.peerExpiryMs));
+    this.cleanupTimer = setInterval(
+      () => void this.cleanupPeerCursors().catch((err) => this.logger.error("peer cursor clean-up failed (tried again at the next pass)", { error: String(err) })),
+      Math.min(3_600_000, this.cfg.federation.peerExpiryMs),
+    );
     this.cleanupTimer.unref?.();
     if (this.cfg.hub) {
       const { hostname, port } = splitHostPort(this.cfg.hub.listen);
@@ -338,6 +341,12 @@ export class Federation {
       keyop_link_rtt_seconds: rtt,
       keyop_federation_backlog_messages: backlog,
       keyop_federation_backlog_bytes: backlogBytes,
+      ...(this.audit
+        ? {
+            keyop_audit_write_failures: [{ help: "Audit trail appends that failed since start (each retried, lines kept).", value: this.audit.failedWriteCount }],
+            keyop_audit_dropped_lines: [{ help: "Audit lines dropped since start because the queue was full.", value: this.audit.droppedLines }],
+          }
+        : {}),
     };
   }
 
@@ -360,6 +369,7 @@ export class Federation {
     for (const s of [...this.parts.keys()]) s.close("shutdown", "agent stopping");
     this.server?.stop(true);
     await this.audit?.flush();
+    this.audit?.close();
   }
 }
 

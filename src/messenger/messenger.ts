@@ -18,7 +18,7 @@ import {
 } from "../envelope/names.ts";
 import { ClosedError, InvalidArgumentError, KeyopError, ReservedChannelError, TooLargeError } from "../errors.ts";
 import { Histogram, type LatencySummary } from "../observability/histogram.ts";
-import type { ChannelLog } from "../store/channel-log.ts";
+import type { ChannelLog, LogHealth } from "../store/channel-log.ts";
 import { CursorStore, cursorKey, type StartFrom } from "../store/cursor-store.ts";
 import { LogStore } from "../store/log-store.ts";
 import { join } from "node:path";
@@ -82,6 +82,8 @@ export interface ChannelStats extends ChannelCounters {
   bytes: number;
   segments: number;
   subscribers: SubscriberStats[];
+  /** How the channel's log stands with its disk (failed fdatasyncs, reseals, damage). */
+  disk: LogHealth;
 }
 
 /** Snapshot returned by `stats()`. */
@@ -89,6 +91,8 @@ export interface MessengerStats {
   name: string;
   channels: ChannelStats[];
   totals: { channels: number; messages: number; bytes: number; subscribers: number } & ChannelCounters;
+  /** Cursor writes that failed (each retried at the next flush) and cursors waiting to be written. */
+  cursors: { failedWrites: number; pending: number; lastError: string | null };
   latency: { publishToDisk: LatencySummary; publishToHandler: LatencySummary; fsync: LatencySummary };
 }
 
@@ -153,7 +157,10 @@ export class Messenger {
       for (const w of [...this.channelWatchers]) if (this.matcher(w.pattern)(log.name)) w.fn();
     });
     if (cfg.retention.maxAgeMs !== undefined || cfg.retention.maxBytes !== undefined) {
-      this.retentionTimer = setInterval(() => void this.runRetention().catch(() => {}), cfg.retentionCheckMs);
+      this.retentionTimer = setInterval(
+        () => void this.runRetention().catch((err) => cfg.logger.error("retention pass failed (tried again at the next check)", { error: String(err) })),
+        cfg.retentionCheckMs,
+      );
       this.retentionTimer.unref?.();
     }
   }
@@ -542,6 +549,7 @@ export class Messenger {
         bytes: log.bytes,
         segments: log.segmentCount,
         subscribers,
+        disk: log.health(),
         ...c,
       };
       channels.push(st);
@@ -554,6 +562,7 @@ export class Messenger {
       name: this.name,
       channels,
       totals,
+      cursors: this.cursorStore.health(),
       latency: {
         publishToDisk: this.publishLatency.summary(),
         publishToHandler: this.handlerLatency.summary(),

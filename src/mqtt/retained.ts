@@ -11,9 +11,9 @@
  * QoS 1 "device offline" must reach a QoS 1 subscriber acknowledged, not
  * as fire-and-forget.
  */
-import { mkdir, open, readdir, readFile, rename, stat, unlink } from "node:fs/promises";
+import { mkdir, readdir, readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
-import { fsyncDir } from "../store/fsync-dir.ts";
+import { fsyncDir, unlinkIfExists, writeFileAtomic } from "../store/fsync-dir.ts";
 
 /** File name endings by stored QoS (the QoS 0 one is also what the first version wrote). */
 const SUFFIX = { 0: ".retained", 1: ".retained1" } as const;
@@ -43,7 +43,7 @@ export class RetainedStore {
     const seen = new Map<string, { qos: 0 | 1; mtime: number; file: string }>();
     for (const f of await readdir(dir)) {
       if (f.endsWith(".tmp")) {
-        await unlink(join(dir, f)).catch(() => {});
+        await unlinkIfExists(join(dir, f)); // a write that never reached its rename
         continue;
       }
       const qos = f.endsWith(SUFFIX[1]) ? 1 : f.endsWith(SUFFIX[0]) ? 0 : undefined;
@@ -53,10 +53,10 @@ export class RetainedStore {
       const other = seen.get(channel);
       // Both there: a crash between writing one and removing the other. The newer one stands.
       if (other && (other.mtime > mtime || (other.mtime === mtime && other.qos === 1))) {
-        await unlink(join(dir, f)).catch(() => {});
+        await unlinkIfExists(join(dir, f));
         continue;
       }
-      if (other) await unlink(join(dir, other.file)).catch(() => {});
+      if (other) await unlinkIfExists(join(dir, other.file));
       seen.set(channel, { qos, mtime, file: f });
       s.byChannel.set(channel, { payload: new Uint8Array(await readFile(join(dir, f))), qos });
     }
@@ -74,23 +74,17 @@ export class RetainedStore {
       const other = join(this.dir, channel + SUFFIX[q === 1 ? 0 : 1]);
       if (payload.length === 0) {
         this.byChannel.delete(channel);
-        await unlink(path).catch(() => {});
-        await unlink(other).catch(() => {});
+        await unlinkIfExists(path);
+        await unlinkIfExists(other);
       } else {
-        const fh = await open(path + ".tmp", "w");
-        try {
-          await fh.writeFile(payload);
-          await fh.datasync();
-        } finally {
-          await fh.close();
-        }
-        await rename(path + ".tmp", path);
+        await writeFileAtomic(path, payload, null);
         this.byChannel.set(channel, { payload: new Uint8Array(payload), qos: q });
-        await unlink(other).catch(() => {});
+        await unlinkIfExists(other);
       }
       await fsyncDir(this.dir);
     });
-    this.chain = task.catch(() => {});
+    // The caller gets the error through `task`; the chain only keeps the order of writes.
+    this.chain = task.catch(() => undefined);
     return task;
   }
 

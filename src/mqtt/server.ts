@@ -155,7 +155,7 @@ export class MqttServer implements SessionHost {
       if (sub.name !== name) continue;
       await this.messenger.deleteSubscriber(sub.pattern, name).catch((err) => this.logger.warn("mqtt session's subscriber not deleted", { client: clientId, pattern: sub.pattern, error: String(err) }));
     }
-    await this.sessions.drop(clientId).catch(() => {});
+    await this.sessions.drop(clientId).catch(() => undefined); // logged, counted and retried by the store
   }
 
   owner(clientId: string): MqttSession | undefined {

@@ -19,9 +19,9 @@
  * Sessions that were connected when keyop stopped start their expiry at
  * the next start.
  */
-import { mkdir, open, readFile, rename } from "node:fs/promises";
+import { mkdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
-import { fsyncDir } from "../store/fsync-dir.ts";
+import { writeFileAtomic } from "../store/fsync-dir.ts";
 import type { Logger } from "../observability/logger.ts";
 
 const FILE = "sessions.json";
@@ -50,6 +50,8 @@ export class SessionStore {
   /** Set after a crash: per channel, the last seq in the log when keyop started. */
   private readonly crashFloor: ((channel: string) => number) | null;
   private dirty = false;
+  private failedSaves = 0;
+  private lastError: string | null = null;
   private timer: ReturnType<typeof setInterval> | null = null;
   private saving: Promise<void> = Promise.resolve();
 
@@ -93,7 +95,8 @@ export class SessionStore {
     // From now on the file on disk is not clean until the next clean close.
     await s.save(false);
     s.timer = setInterval(() => {
-      if (s.dirty) void s.save(false).catch(() => {});
+      // save() logs and counts its own failure and marks the state dirty again, so this tick is the retry.
+      if (s.dirty) void s.save(false).catch(() => undefined);
     }, SAVE_EVERY_MS);
     s.timer.unref?.();
     return s;
@@ -167,23 +170,21 @@ export class SessionStore {
       this.queued = null;
       const body: Saved = { clean, marks: {}, sessions: Object.fromEntries(this.lifetimes) };
       for (const [client, chans] of this.byClient) body.marks[client] = Object.fromEntries(chans);
-      const path = join(this.dir, FILE);
-      const fh = await open(`${path}.tmp`, "w");
-      try {
-        await fh.writeFile(JSON.stringify(body));
-        await fh.datasync();
-      } finally {
-        await fh.close();
-      }
-      await rename(`${path}.tmp`, path);
-      await fsyncDir(this.dir);
+      await writeFileAtomic(join(this.dir, FILE), JSON.stringify(body), this.dir);
     });
     this.queued = task;
-    // Logged here once; callers that do not wait for it ignore the rejection.
+    // Logged and counted here once; callers that do not wait for it ignore the rejection.
     this.saving = task.catch((err) => {
       this.dirty = true; // try again at the next tick of the timer
-      this.logger?.warn("mqtt session state not saved", { file: join(this.dir, FILE), error: String(err) });
+      this.failedSaves++;
+      this.lastError = String(err);
+      this.logger?.error("mqtt session state not saved", { file: join(this.dir, FILE), error: String(err), failed_saves: this.failedSaves });
     });
     return task;
+  }
+
+  /** Saves that failed since open, and whether changes wait to be saved. */
+  health(): { failedSaves: number; pending: boolean; lastError: string | null } {
+    return { failedSaves: this.failedSaves, pending: this.dirty, lastError: this.lastError };
   }
 }

@@ -339,7 +339,8 @@ export class MqttSession {
       // this connection starts now: kept for expiryMs, or ended at once.
       const mine = this.host.owner(this.clientId) === this;
       this.host.release(this.clientId, this);
-      if (mine && this.persistent) void this.host.sessions.disconnected(this.clientId, this.expiryMs).catch(() => {});
+      // The session store logs, counts and retries a failed save itself.
+      if (mine && this.persistent) void this.host.sessions.disconnected(this.clientId, this.expiryMs).catch(() => undefined);
       else if (mine && (durable || this.host.sessions.knows(this.clientId))) void this.host.endSession(this.clientId);
       // A short expiry is swept on time, not at the next minute's sweep.
       if (mine && this.persistent && this.expiryMs < 86_400_000) setTimeout(() => void this.host.sweep(), this.expiryMs + 100).unref?.();
@@ -498,7 +499,7 @@ export class MqttSession {
       });
       return;
     }
-    if (cleanStart) void this.host.sessions.drop(id).catch(() => {});
+    if (cleanStart) void this.host.sessions.drop(id).catch(() => undefined); // logged, counted and retried by the store
     this.welcome(kept.length > 0, asked);
   }
 
@@ -510,7 +511,7 @@ export class MqttSession {
   /** CONNACK, keep-alive, and the kept subscriptions resumed. */
   private welcome(present: boolean, askedExpiry: number | undefined): void {
     const id = this.clientId;
-    if (this.persistent) void this.host.sessions.connected(id, this.expiryMs).catch(() => {});
+    if (this.persistent) void this.host.sessions.connected(id, this.expiryMs).catch(() => undefined); // logged, counted and retried by the store
     const props: Record<string, number | string> = { maximumPacketSize: this.host.cfg.maxPacketBytes, receiveMaximum: 65_535 };
     // MQTT 5: a client that sent no id is told the one it got.
     if (this.assignedId) props.assignedClientIdentifier = id;
@@ -701,7 +702,10 @@ export class MqttSession {
       d.stop();
       this.deliveries.delete(pattern);
       if (!d.durable) this.host.messenger.dropVolatileSubscriber(d.subscriber);
-      else void this.host.messenger.deleteSubscriber(pattern, sessionName(this.clientId)).catch(() => {});
+      else
+        void this.host.messenger
+          .deleteSubscriber(pattern, sessionName(this.clientId))
+          .catch((err) => this.host.logger.warn("mqtt session's subscriber not deleted", { client: this.clientId, pattern, error: String(err) }));
     }
     this.send({ cmd: "unsuback", messageId: p.messageId } as Packet);
   }

@@ -50,6 +50,20 @@ export function renderMetrics(m: Messenger, extra: ExtraGauges = {}): string {
     out.push(`# HELP ${name} ${help}`, `# TYPE ${name} counter`);
     for (const c of st.channels) out.push(`${name}{channel="${esc(c.channel)}"} ${c[key] as number}`);
   }
+  const disk: [string, string, (c: (typeof st.channels)[number]) => number][] = [
+    ["keyop_log_fsync_failures_total", "fdatasyncs of the channel's log that failed since start (each answered by a reseal).", (c) => c.disk.failedSyncs],
+    ["keyop_log_reseals_total", "Times the channel's log went back to its durable end and went on in a fresh segment.", (c) => c.disk.reseals],
+    ["keyop_log_damaged_records_total", "Records lost to damage in the middle of a segment, found since start (the records after it are kept).", (c) => c.disk.damagedRecords],
+    ["keyop_log_lost_records_total", "Committed records (sync: interval) that could not be read back after a failed fdatasync.", (c) => c.disk.lostRecords],
+  ];
+  for (const [name, help, value] of disk) {
+    out.push(`# HELP ${name} ${help}`, `# TYPE ${name} counter`);
+    for (const c of st.channels) out.push(`${name}{channel="${esc(c.channel)}"} ${value(c)}`);
+  }
+  out.push("# HELP keyop_log_writable 1 while the channel's log takes appends, 0 while it refuses them (its disk failed).", "# TYPE keyop_log_writable gauge");
+  for (const c of st.channels) out.push(`keyop_log_writable{channel="${esc(c.channel)}"} ${c.disk.state === "ok" ? 1 : 0}`);
+  out.push("# HELP keyop_cursor_write_failures_total Cursor file writes that failed since start (each retried).", "# TYPE keyop_cursor_write_failures_total counter");
+  out.push(`keyop_cursor_write_failures_total ${st.cursors.failedWrites}`);
   out.push("# HELP keyop_channel_bytes Bytes of stored records.", "# TYPE keyop_channel_bytes gauge");
   for (const c of st.channels) out.push(`keyop_channel_bytes{channel="${esc(c.channel)}"} ${c.bytes}`);
   out.push("# HELP keyop_channel_messages Messages stored (next seq minus first seq).", "# TYPE keyop_channel_messages gauge");

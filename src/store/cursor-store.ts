@@ -6,10 +6,10 @@
  * directory fsync per round), so acking costs no fsync per message. A crash
  * between an ack and the next flush redelivers, which at-least-once allows.
  */
-import { mkdir, open, readdir, readFile, rename, unlink } from "node:fs/promises";
+import { mkdir, readdir, readFile, rename } from "node:fs/promises";
 import { join } from "node:path";
 import type { Logger } from "../observability/logger.ts";
-import { fsyncDir } from "./fsync-dir.ts";
+import { fsyncDir, unlinkIfExists, writeFileAtomic } from "./fsync-dir.ts";
 
 /** Where a new subscriber starts. */
 export type StartFrom = "earliest" | "latest" | number;
@@ -47,6 +47,8 @@ export class CursorStore {
   readonly dir: string;
   private readonly states = new Map<string, CursorState>();
   private readonly dirty = new Set<string>();
+  private failedWrites = 0;
+  private lastError: string | null = null;
   private readonly logger: Logger;
   private timer: ReturnType<typeof setInterval> | null = null;
   private flushing: Promise<void> = Promise.resolve();
@@ -76,7 +78,8 @@ export class CursorStore {
     for (const f of await readdir(dir)) {
       const path = join(dir, f);
       if (f.endsWith(".tmp")) {
-        await unlink(path).catch(() => {});
+        // A write that never reached its rename: the cursor file beside it is the one that counts.
+        await unlinkIfExists(path).catch((err) => logger.warn("could not remove a stale temp file", { file: path, error: String(err) }));
         continue;
       }
       if (!f.endsWith(".json")) continue;
@@ -92,7 +95,7 @@ export class CursorStore {
         // A cursor file is only ever replaced by rename, so this is outside damage:
         // keep the file for a human and start the subscriber over from its default.
         logger.error("unreadable cursor file set aside", { file: path, error: String(err) });
-        await rename(path, path + ".corrupt").catch(() => {});
+        await rename(path, path + ".corrupt").catch((e) => logger.error("could not set the unreadable cursor file aside", { file: path, error: String(e) }));
       }
     }
     return store;
@@ -143,8 +146,16 @@ export class CursorStore {
     this.dirty.delete(key);
     await this.flushing;
     if (this.dir === "") return true;
-    await unlink(join(this.dir, cursorFileName(pattern, name))).catch(() => {});
-    await fsyncDir(this.dir).catch(() => {});
+    const path = join(this.dir, cursorFileName(pattern, name));
+    try {
+      await unlinkIfExists(path);
+      await fsyncDir(this.dir);
+    } catch (err) {
+      // Gone from memory already; the file may come back at the next start as a subscriber to delete again.
+      this.failedWrites++;
+      this.lastError = String(err);
+      this.logger.error("could not remove a deleted subscriber's cursor file", { file: path, error: String(err) });
+    }
     return true;
   }
 
@@ -164,20 +175,32 @@ export class CursorStore {
       if (!s) continue;
       const path = join(this.dir, cursorFileName(s.pattern, s.name));
       try {
-        const fh = await open(path + ".tmp", "w");
-        try {
-          await fh.writeFile(JSON.stringify(s));
-          await fh.datasync();
-        } finally {
-          await fh.close();
-        }
-        await rename(path + ".tmp", path);
+        // The directory fsync is done once below, for all of them.
+        await writeFileAtomic(path, JSON.stringify(s), null);
       } catch (err) {
-        this.dirty.add(key); // try again next round
-        this.logger.error("cursor flush failed", { file: path, error: String(err) });
+        this.noteFailure(key, path, err);
       }
     }
-    await fsyncDir(this.dir).catch(() => {});
+    try {
+      await fsyncDir(this.dir);
+    } catch (err) {
+      // The renames may not survive a power cut: write them all again next round.
+      for (const key of keys) this.noteFailure(key, this.dir, err);
+    }
+  }
+
+  /** A cursor that could not be written stays dirty (retried next round), and is counted. */
+  private noteFailure(key: string, path: string, err: unknown): void {
+    if (!this.states.has(key)) return;
+    this.dirty.add(key);
+    this.failedWrites++;
+    this.lastError = String(err);
+    this.logger.error("cursor flush failed", { file: path, error: String(err), failed_writes: this.failedWrites });
+  }
+
+  /** Cursor writes that failed since open, and how many cursors wait to be written. */
+  health(): { failedWrites: number; pending: number; lastError: string | null } {
+    return { failedWrites: this.failedWrites, pending: this.dirty.size, lastError: this.lastError };
   }
 
   /** Flushes and stops the timer. */

@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { readdirSync, readFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { AuditLog } from "../../src/federation/audit.ts";
 import { RecentIds } from "../../src/federation/dedup.ts";
@@ -51,12 +51,25 @@ describe("AuditLog", () => {
     expect(typeof lines[0].time).toBe("string");
   });
 
-  test("a trail that cannot be written costs audit lines, not the caller", async () => {
-    const a = new AuditLog({ path: join(tmpDir(), "no", "such", "dir", "audit.log"), maxFileBytes: 1000, maxFiles: 2, logger: silentLogger });
+  test("a trail that cannot be written is retried with the lines kept, and written whole once it can be", async () => {
+    const dir = join(tmpDir(), "later");
+    const path = join(dir, "audit.log");
+    const a = new AuditLog({ path, maxFileBytes: 100_000, maxFiles: 2, logger: silentLogger });
     a.record("peer_rejected", { reason: "x" });
-    await a.flush();
     a.record("peer_rejected", { reason: "y" });
-    await a.flush();
-    expect(a.droppedLines).toBe(2);
+    // The directory is missing: the caller is not held up, the lines wait.
+    await a.flush(300);
+    expect(a.failedWriteCount).toBeGreaterThan(0);
+    expect(a.droppedLines).toBe(0);
+    mkdirSync(dir);
+    await a.flush(10_000);
+    const lines = readFileSync(path, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+    expect(lines.map((l) => l.reason)).toEqual(["x", "y"]);
+    // Closing with lines still unwritable drops and counts them.
+    const b = new AuditLog({ path: join(tmpDir(), "no", "such", "audit.log"), maxFileBytes: 1000, maxFiles: 2, logger: silentLogger });
+    b.record("peer_rejected", { reason: "z" });
+    await b.flush(100);
+    b.close();
+    expect(b.droppedLines).toBe(1);
   });
 });
