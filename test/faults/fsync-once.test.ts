@@ -1,0 +1,114 @@
+/**
+ * One failed fdatasync, on demand, of one chosen file, while everything else
+ * works: faultfs (faultfs.c, FUSE) fails the next fsync of the channel's
+ * segment and overwrites with junk every byte written to it since its last
+ * good fsync, as the kernel drops pages it could not write back. The agent
+ * must write the pending records again into a fresh segment and acknowledge
+ * them only after that segment's own fdatasync: any record acknowledged on
+ * the strength of the failed one would read back as junk. Then a hard kill
+ * and a restart: every acknowledged message is there, once, in order.
+ * Skipped, loudly, where FUSE, libfuse3 or a C compiler is missing.
+ */
+import { afterAll, describe, expect, test } from "bun:test";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { tmpDir, waitFor } from "../helpers.ts";
+import { runAgent, type AgentProc } from "../integration/agent-process.ts";
+
+const dir = tmpDir("keyop-faultfs-");
+const mnt = join(dir, "mnt");
+const control = join(dir, "control");
+const events = join(dir, "events");
+
+function prepare(): string | null {
+  if (process.platform !== "linux") return "not Linux";
+  if (!existsSync("/dev/fuse")) return "no /dev/fuse";
+  const flags = Bun.spawnSync(["pkg-config", "--cflags", "--libs", "fuse3"], { stdout: "pipe", stderr: "pipe" });
+  if (flags.exitCode !== 0) return "libfuse3 not found (apt-get install libfuse3-dev fuse3)";
+  const bin = join(dir, "faultfs");
+  const cc = Bun.spawnSync(["cc", "-O1", "-o", bin, join(import.meta.dir, "faultfs.c"), ...flags.stdout.toString().trim().split(/\s+/)], { stdout: "pipe", stderr: "pipe" });
+  if (cc.exitCode !== 0) return `cc failed: ${cc.stderr.toString().trim()}`;
+  return null;
+}
+
+const skipReason = prepare();
+if (skipReason) console.log(`SKIP fsync-once test: ${skipReason}`);
+let fs: ReturnType<typeof Bun.spawn> | null = null;
+let agent: AgentProc | null = null;
+
+afterAll(async () => {
+  if (agent && agent.child.proc.exitCode === null) {
+    agent.child.proc.kill("SIGKILL");
+    await agent.child.proc.exited;
+  }
+  if (fs) {
+    Bun.spawnSync(["fusermount3", "-u", mnt]);
+    fs.kill("SIGTERM");
+    await fs.exited;
+  }
+});
+
+const post = (a: AgentProc, i: number) =>
+  fetch("http://k/v1/channels/f/messages", { method: "POST", body: JSON.stringify({ type: "t", payload: { i, pad: "e".repeat(300) } }), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit);
+
+const start = (into: string) => runAgent(into, ["--data-dir", join(mnt, "data")]);
+
+describe.skipIf(skipReason !== null)("an fdatasync that fails once", () => {
+  test("pending records are written again and acknowledged after their own fdatasync; nothing acknowledged is lost across a restart", async () => {
+    const backing = join(dir, "backing");
+    mkdirSync(backing);
+    mkdirSync(mnt);
+    writeFileSync(control, "0 -\n");
+    fs = Bun.spawn([join(dir, "faultfs"), backing, control, events, mnt], { stdout: "pipe", stderr: "pipe" });
+    await waitFor(() => Bun.spawnSync(["mountpoint", "-q", mnt]).exitCode === 0, "faultfs mounted", 10_000);
+
+    const a = (agent = await start(join(dir, "run1")));
+    const acked: { seq: number; i: number }[] = [];
+    const refused: string[] = [];
+    let next = 0;
+    let stop = false;
+    const publisher = async () => {
+      while (!stop) {
+        const i = next++;
+        const r = await post(a, i);
+        const body = (await r.json()) as { seq?: number; error?: { code: string } };
+        if (r.status === 201) acked.push({ seq: body.seq!, i });
+        else refused.push(`${r.status} ${body.error?.code}`);
+      }
+    };
+    const running = Array.from({ length: 8 }, publisher);
+    await waitFor(() => acked.length >= 300, "acknowledgements before the fault", 30_000);
+    // The next fsync of the channel's segment fails, and what it should have written is junk.
+    writeFileSync(control, "1 /channels/f/\n");
+    await waitFor(() => existsSync(events) && readFileSync(events, "utf8").includes("failed /data/channels/f/"), "the failed fsync", 30_000);
+    const atFault = acked.length;
+    await waitFor(() => acked.length >= atFault + 300, "acknowledgements after the fault", 30_000);
+    stop = true;
+    await Promise.all(running);
+
+    const log = a.logs();
+    expect(log).toContain('"msg":"fdatasync failed"');
+    expect(log).toContain('"msg":"log resealed after a failed fdatasync"');
+    // The fresh segment took a write and an fdatasync at once, so no publisher saw an error.
+    expect(refused).toEqual([]);
+    const st = (await (await fetch("http://k/v1/status", { unix: a.socket } as RequestInit)).json()) as { storage: { disk: { state: string; failed_syncs: number; reseals: number } } };
+    expect(st.storage.disk).toMatchObject({ state: "ok", failed_syncs: 1, reseals: 1 });
+
+    a.child.proc.kill("SIGKILL");
+    await a.child.proc.exited;
+    const b = (agent = await start(join(dir, "run2")));
+    const got: { seq: number; i: number }[] = [];
+    for (;;) {
+      const r = (await (await fetch("http://k/v1/channels/f/messages?subscriber=check&from=earliest&max=1000", { unix: b.socket } as RequestInit)).json()) as { messages: { seq: number; payload: { i: number } }[] };
+      if (r.messages.length === 0) break;
+      for (const m of r.messages) got.push({ seq: m.seq, i: m.payload.i });
+      await fetch("http://k/v1/channels/f/subscribers/check/ack", { method: "POST", body: JSON.stringify({ seq: r.messages.at(-1)!.seq }), headers: { "content-type": "application/json" }, unix: b.socket } as RequestInit);
+    }
+    const bySeq = new Map(got.map((m) => [m.seq, m.i]));
+    expect(acked.filter((m) => bySeq.get(m.seq) !== m.i)).toEqual([]);
+    const seqs = got.map((m) => m.seq);
+    expect(seqs).toEqual(Array.from({ length: seqs.length }, (_, k) => seqs[0]! + k));
+    expect(new Set(got.map((m) => m.i)).size).toBe(got.length);
+    expect(b.logs()).not.toContain("corruption in the middle");
+  }, 120_000);
+});
