@@ -154,6 +154,13 @@ export class ChannelLog {
    */
   private durableEnd: number;
   private durableSeq: number;
+  /**
+   * Under `interval`, the records committed past the durable end, kept in
+   * memory until an fdatasync covers them: after a failed one they are
+   * written again from here, since reading them back may return what the
+   * disk holds rather than what was written.
+   */
+  private unsynced: { firstSeq: number; chunk: Pending[]; buf: Uint8Array }[] = [];
   /** Set by a failed fdatasync: seal at the durable end before anything else is written. */
   private needReseal = false;
   /** Records whose fdatasync failed (or was voided by one), to write again in order. */
@@ -424,8 +431,9 @@ export class ChannelLog {
       this.commit(seg, pos, firstSeq, chunk, buf);
       if (this.opts.sync === "none") {
         // No promise is made past the write, so there is nothing to go back to.
-        this.durableEnd = this.writeEnd;
-        this.durableSeq = this.writeSeq;
+        this.markDurable(this.writeEnd, this.writeSeq);
+      } else {
+        this.unsynced.push({ firstSeq, chunk, buf });
       }
       return true;
     }
@@ -464,8 +472,7 @@ export class ChannelLog {
       }
       this.failuresInRow = 0;
       this.commit(seg, pos, firstSeq, chunk, buf);
-      this.durableEnd = seg.size;
-      this.durableSeq = this.nextSeq;
+      this.markDurable(seg.size, this.nextSeq);
     })();
     return true;
   }
@@ -615,18 +622,40 @@ export class ChannelLog {
     fresh.lastWriteMs = Date.now();
     this.writeEnd = end;
     this.writeSeq = this.nextSeq;
-    this.durableEnd = end;
-    this.durableSeq = this.nextSeq;
+    this.markDurable(end, this.nextSeq);
     this.opts.logger.warn("log resealed after a failed fdatasync", { channel: this.name, segment: fresh.path, durable_seq: fresh.baseSeq, carried: carried.length, next_seq: this.nextSeq });
   }
 
+  /** Everything before `end` (seqs before `seq`) is on the disk: the in-memory copies go. */
+  private markDurable(end: number, seq: number): void {
+    this.durableEnd = end;
+    this.durableSeq = seq;
+    let drop = 0;
+    while (drop < this.unsynced.length && this.unsynced[drop]!.firstSeq + this.unsynced[drop]!.chunk.length <= seq) drop++;
+    if (drop > 0) this.unsynced.splice(0, drop);
+  }
+
   /**
-   * Committed records from the durable end on (sync: interval), read back
-   * to be written again; those that cannot be read are counted and logged.
+   * Committed records from the durable end on (sync: interval), kept in
+   * memory since their write (read back from the segment only if not), to be
+   * written again; those that cannot be had are counted and logged.
    */
   private async readCarried(seg: Segment): Promise<RawRecord[]> {
     const out: RawRecord[] = [];
     let from = this.durableSeq;
+    for (const u of this.unsynced) {
+      // The encoded chunk, not the bodies handed in: a caller may reuse its buffers once acknowledged.
+      let off = 0;
+      for (let k = 0; k < u.chunk.length; k++) {
+        const len = u.chunk[k]!.body.length;
+        if (u.firstSeq + k === from) {
+          out.push({ seq: from, body: u.buf.subarray(off + RECORD_HEADER_BYTES, off + RECORD_HEADER_BYTES + len) });
+          from++;
+        }
+        off += RECORD_HEADER_BYTES + len;
+      }
+    }
+    // Anything not kept in memory (none in the normal course) is read back and checked by CRC.
     while (from < this.nextSeq) {
       let got: RawRecord[] = [];
       try {
@@ -789,8 +818,7 @@ export class ChannelLog {
     this.segments.push(seg);
     this.writeEnd = 0;
     this.writeSeq = this.nextSeq;
-    this.durableEnd = 0;
-    this.durableSeq = this.nextSeq;
+    this.markDurable(0, this.nextSeq);
     await old.close();
     this.opts.logger.debug("segment rolled", { channel: this.name, sealed: old.path, next_seq: this.nextSeq });
     return seg;
@@ -918,10 +946,7 @@ export class ChannelLog {
       if (sfh) seg.releaseSyncHandle(sfh);
     }
     this.opts.onFsync?.(performance.now() - t);
-    if (epoch === this.epoch && seg === this.segments[this.segments.length - 1] && end > this.durableEnd) {
-      this.durableEnd = end;
-      this.durableSeq = seq;
-    }
+    if (epoch === this.epoch && seg === this.segments[this.segments.length - 1] && end > this.durableEnd) this.markDurable(end, seq);
   }
 
   /**

@@ -4,6 +4,12 @@
  * file lives on a tmpfs of a chosen size. Filling the tmpfs makes write-back
  * of every block not yet backed fail with EIO; growing it makes the disk
  * work again. Needs root (mount, losetup).
+ *
+ * The loop driver completes a short write to its backing file as a success
+ * (lo_complete_rq retries only short reads), so a request that fills the
+ * tmpfs halfway would leave a hole the file system was told is written: a
+ * disk that lies, which no application can survive. Requests are therefore
+ * capped at one page, which tmpfs either stores whole or refuses.
  */
 import { mkdirSync, writeFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
@@ -45,6 +51,11 @@ export function makeFlakyDisk(root: string, tmpfsMib: number): FlakyDisk | strin
   if (!r.ok) return undo(), `losetup: ${r.out}`;
   const loop = r.out;
   steps.push(() => run(["losetup", "-d", loop]));
+  try {
+    writeFileSync(`/sys/block/${loop.replace("/dev/", "")}/queue/max_sectors_kb`, "4");
+  } catch (err) {
+    return undo(), `cap the loop device's requests at one page: ${String(err)}`;
+  }
   const mount = () => run(["mount", "-o", "errors=continue", loop, mountPoint]);
   r = mount();
   if (!r.ok) return undo(), `mount ${loop}: ${r.out}`;

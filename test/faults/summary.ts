@@ -6,7 +6,7 @@
  */
 import { join } from "node:path";
 
-const env = { ...process.env, KEYOP_FAULT_KILLS: "20", KEYOP_FAULT_LONG: "1", FUZZ_CASES: "1000000", KEYOP_FLAKY_DISK: "1" };
+const env = { ...process.env, KEYOP_FAULT_KILLS: "20", KEYOP_FAULT_LONG: "1", FUZZ_CASES: "1000000" };
 const t0 = performance.now();
 const proc = Bun.spawn([process.execPath, "test", "--timeout", "900000", join(import.meta.dir), join(import.meta.dir, "..", "federation", "frame.test.ts")], { env, stdout: "pipe", stderr: "pipe" });
 let out = "";
