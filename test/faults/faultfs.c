@@ -1,13 +1,13 @@
 /*
- * faultfs: a FUSE pass-through file system that fails one fdatasync on
+ * faultfs: a FUSE pass-through file system that fails fdatasyncs on
  * demand, the way a disk whose write-back failed does.
  *
  *   faultfs BACKING_DIR CONTROL_FILE EVENT_LOG MOUNTPOINT
  *
  * Every call goes through to BACKING_DIR. Before each fsync it reads
- * CONTROL_FILE, which holds "GENERATION SUBSTRING": the first fsync of a
- * path containing SUBSTRING under a GENERATION not used before fails with
- * EIO, and the bytes written to that file since its last successful fsync
+ * CONTROL_FILE, which holds "GENERATION SUBSTRING [COUNT]": under a
+ * GENERATION not used before, the next COUNT (default 1) fsyncs of paths
+ * containing SUBSTRING fail with EIO, and the bytes written to that file since its last successful fsync
  * are overwritten with 0xEE in the backing file, as the kernel drops pages
  * it could not write back. Every fsync is logged to EVENT_LOG as
  * "ok PATH" or "failed PATH".
@@ -33,6 +33,7 @@ static char backing[PATH_MAX];
 static char control[PATH_MAX];
 static char eventlog[PATH_MAX];
 static long used_generation = 0;
+static long failures_left = 0;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Bytes written since the last good fsync, per path (a few files at a time). */
@@ -69,17 +70,22 @@ static void note(const char *what, const char *path)
 	fclose(f);
 }
 
-/* True when this fsync of `path` is the one to fail. */
+/* True when this fsync of `path` is one to fail. */
 static int armed_for(const char *path)
 {
 	FILE *f = fopen(control, "r");
 	if (!f) return 0;
-	long gen = 0;
+	long gen = 0, count = 1;
 	char pat[PATH_MAX] = "";
-	int n = fscanf(f, "%ld %4095s", &gen, pat);
+	int n = fscanf(f, "%ld %4095s %ld", &gen, pat, &count);
 	fclose(f);
-	if (n != 2 || gen == used_generation || !strstr(path, pat)) return 0;
-	used_generation = gen;
+	if (n < 2) return 0;
+	if (gen != used_generation) {
+		used_generation = gen;
+		failures_left = count;
+	}
+	if (failures_left <= 0 || !strstr(path, pat)) return 0;
+	failures_left--;
 	return 1;
 }
 

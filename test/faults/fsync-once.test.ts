@@ -73,7 +73,7 @@ async function mountFaultfs(): Promise<void> {
   await waitFor(() => Bun.spawnSync(["mountpoint", "-q", mnt]).exitCode === 0, "faultfs mounted", 10_000);
 }
 
-describe.skipIf(skipReason !== null)("an fdatasync that fails once", () => {
+describe.skipIf(skipReason !== null)("fdatasyncs that fail", () => {
   test.each(["always", "interval"] as const)("sync: %s: the pending records are written again (acknowledged after their own fdatasync under always); nothing acknowledged is lost across a restart", async (sync) => {
     await mountFaultfs();
     const data = `data-${sync}`;
@@ -131,5 +131,69 @@ describe.skipIf(skipReason !== null)("an fdatasync that fails once", () => {
     expect(seqs).toEqual(Array.from({ length: seqs.length }, (_, k) => seqs[0]! + k));
     expect(new Set(got.map((m) => m.i)).size).toBe(got.length);
     expect(b.logs()).not.toContain("corruption in the middle");
+  }, 120_000);
+
+  test("a channel whose disk keeps failing refuses with log_unavailable while other channels, reads and status go on; it takes appends again once the disk works", async () => {
+    await mountFaultfs();
+    const data = "data-refuse";
+    const a = (agent = await start(join(dir, "refuse-1"), "always", data));
+    const pub = async (ch: string, i: number) => {
+      const r = await fetch(`http://k/v1/channels/${ch}/messages`, { method: "POST", body: JSON.stringify({ type: "t", payload: { i } }), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit);
+      const body = (await r.json()) as { seq?: number; error?: { code: string } };
+      return { status: r.status, seq: body.seq, code: body.error?.code };
+    };
+    const acked: Record<string, { seq: number; i: number }[]> = { f: [], g: [] };
+    let i = 0;
+    const publishOk = async (ch: string) => {
+      const mine = ++i;
+      const r = await pub(ch, mine);
+      expect(r.status).toBe(201);
+      acked[ch]!.push({ seq: r.seq!, i: mine });
+    };
+    for (let k = 0; k < 20; k++) await Promise.all([publishOk("f"), publishOk("g")]);
+    // Every fsync of channel f's files fails from now on.
+    writeFileSync(control, `${++generation} /${data}/channels/f/ 1000000\n`);
+    let refusal: { status: number; code?: string } | null = null;
+    await waitFor(async () => {
+      const mine = ++i;
+      const r = await pub("f", mine);
+      if (r.status === 201) acked.f!.push({ seq: r.seq!, i: mine });
+      else refusal = r;
+      return r.status === 503;
+    }, "channel f refusing", 30_000);
+    expect(refusal).toEqual({ status: 503, code: "log_unavailable", seq: undefined } as never);
+    // The other channel takes appends, reads of both go on, status and metrics say which channel refuses.
+    for (let k = 0; k < 20; k++) await publishOk("g");
+    let readers = 0;
+    const readAll = async (socket: string, ch: string) => {
+      const r = (await (await fetch(`http://k/v1/channels/${ch}/messages?subscriber=reader-${++readers}&from=earliest&max=1000`, { unix: socket } as RequestInit)).json()) as { messages: { seq: number; payload: { i: number } }[] };
+      return r.messages.map((m) => ({ seq: m.seq, i: m.payload.i }));
+    };
+    expect(await readAll(a.socket, "f")).toEqual(acked.f!);
+    expect(await readAll(a.socket, "g")).toEqual(acked.g!);
+    const st = (await (await fetch("http://k/v1/status", { unix: a.socket } as RequestInit)).json()) as { storage: { disk: { state: string; refusing_channels: string[] } } };
+    expect(st.storage.disk.state).toBe("failing");
+    expect(st.storage.disk.refusing_channels).toEqual(["f"]);
+    const metrics = await (await fetch("http://k/metrics", { unix: a.socket } as RequestInit)).text();
+    expect(metrics).toContain('keyop_log_writable{channel="f"} 0');
+    expect(metrics).toContain('keyop_log_writable{channel="g"} 1');
+    expect(a.logs()).toContain('"msg":"channel log refuses appends"');
+
+    // The disk works again: the channel's own retries make it writable, with no restart.
+    writeFileSync(control, `${++generation} - 0\n`);
+    await waitFor(async () => {
+      const mine = ++i;
+      const r = await pub("f", mine);
+      if (r.status === 201) acked.f!.push({ seq: r.seq!, i: mine });
+      return r.status === 201;
+    }, "channel f writable again", 30_000);
+    expect(a.logs()).toContain('"msg":"channel log writable again"');
+    await publishOk("f");
+
+    a.child.proc.kill("SIGKILL");
+    await a.child.proc.exited;
+    const b = (agent = await start(join(dir, "refuse-2"), "always", data));
+    expect(await readAll(b.socket, "f")).toEqual(acked.f!);
+    expect(await readAll(b.socket, "g")).toEqual(acked.g!);
   }, 120_000);
 });
