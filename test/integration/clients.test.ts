@@ -74,6 +74,7 @@ describe("CLI", () => {
     expect(many.out.trim().split("\n").map((l) => JSON.parse(l).seq)).toEqual([2, 3, 4]);
     const peek = await cli(["pull", "cli.a", "--name", "reader", "--no-ack", "--max", "2"], { env: env() });
     expect(peek.out).toBe(""); // a new subscriber starts at latest
+    expect(peek.err).toContain("a new subscriber starts at latest (--from earliest reads cli.a from its start)");
     await cli(["pub", "cli.a", "5"], { env: env() });
     let p = await cli(["pull", "cli.a", "--name", "reader", "--no-ack"], { env: env() });
     expect(p.out.trim().split("\n").map((l) => JSON.parse(l).payload)).toEqual([5]);
@@ -86,6 +87,17 @@ describe("CLI", () => {
     expect(all.out).toBe("");
     const hist = await fetch(`http://k/v1/channels/cli.a/messages?subscriber=hist&from=earliest&max=1`, { unix: agent.socket } as RequestInit);
     expect(((await hist.json()) as any).messages[0]).toMatchObject({ id: first.id, type: "demo", correlation_id: "c9", service_name: "svc" });
+    // --from, as for sub: a new name reads from the start, or from a seq.
+    const early = await cli(["pull", "cli.a", "--name", "early", "--from", "earliest", "--max", "2"], { env: env() });
+    expect(early.out.trim().split("\n").map((l) => JSON.parse(l).seq)).toEqual([1, 2]);
+    expect(early.err).toBe("");
+    const next = await cli(["pull", "cli.a", "--name", "early"], { env: env() });
+    expect(next.out.trim().split("\n").map((l) => JSON.parse(l).seq)).toEqual([3, 4, 5]);
+    const at = await cli(["pull", "cli.a", "--name", "at4", "--from", "4"], { env: env() });
+    expect(at.out.trim().split("\n").map((l) => JSON.parse(l).seq)).toEqual([4, 5]);
+    const bad = await cli(["pull", "cli.a", "--name", "x", "--from", "soon"], { env: env() });
+    expect(bad.code).toBe(2);
+    expect(bad.err).toContain("--from must be earliest, latest or a seq >= 1");
   });
 
   test("sub prints envelopes and acks them; --max stops; --socket flag works", async () => {
