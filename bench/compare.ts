@@ -70,15 +70,19 @@ function config(template: string, vars: Record<string, string | number>, path: s
 }
 
 async function waitPort(port: number, what: string): Promise<void> {
-  await until(`${what} listening on ${port}`, async () => {
-    try {
-      const s = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {} } });
-      s.end();
-      return true;
-    } catch {
-      return false;
-    }
-  }, 20_000);
+  await until(
+    `${what} listening on ${port}`,
+    async () => {
+      try {
+        const s = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {} } });
+        s.end();
+        return true;
+      } catch {
+        return false;
+      }
+    },
+    20_000,
+  );
 }
 
 interface Server {
@@ -153,7 +157,7 @@ async function untilCount(n: number, total: number, fn: () => Promise<unknown>):
 }
 
 /** Calls `send(i)` at `rate` per second, `total` times, at most `inflight` unresolved at once. */
-async function pace(rate: number, total: number, inflight: number, send: (i: number) => Promise<unknown> | void): Promise<void> {
+async function pace(rate: number, total: number, inflight: number, send: (i: number) => unknown): Promise<void> {
   const t0 = performance.now();
   let sent = 0;
   const pending = new Set<Promise<unknown>>();
@@ -161,7 +165,7 @@ async function pace(rate: number, total: number, inflight: number, send: (i: num
     const due = Math.min(total, Math.floor(((performance.now() - t0) * rate) / 1000) + 1);
     while (sent < due) {
       const p = send(sent++);
-      if (p) {
+      if (p instanceof Promise) {
         const q: Promise<unknown> = p.then(() => pending.delete(q));
         pending.add(q);
         if (pending.size >= inflight) await Promise.race(pending);
@@ -223,17 +227,17 @@ async function ingestHttp(): Promise<void> {
       const req = RawHttp.request("POST", "/v1/channels/bench.batch/messages", Array(100).fill(line).join("\n") + "\n", "application/x-ndjson");
       const conns = await Promise.all(Array.from({ length: 4 }, () => RawHttp.connect(a.socket)));
       const free = [...conns];
-      const rate = (await workers(4, SECS, async () => {
-        const c = free.pop()!; // one request at a time per connection
-        await c.send(req);
-        free.push(c);
-      })) * 100;
+      const rate =
+        (await workers(4, SECS, async () => {
+          const c = free.pop()!; // one request at a time per connection
+          await c.send(req);
+          free.push(c);
+        })) * 100;
       for (const c of conns) c.close();
       row("1 ingest", "keyop sync=always, NDJSON batches of 100 (context)", rate, "msg/s", "one request carries 100 messages");
     }
     await a.stop();
   }
-
 }
 
 /** keyop MQTT rate over Mosquitto's, per in-flight count: the median of the per-round ratios. */
@@ -249,8 +253,20 @@ async function ingestMqtt(): Promise<void> {
   await waitPort(port, "keyop mqtt");
   const mq = await mosquitto("mq-ingest");
   const sides = [
-    { who: "keyop", label: (n: number) => `keyop MQTT QoS 1 (sync=always), ${n} in flight`, pid: kp.proc.pid, client: await mqtt.connectAsync(`mqtt://127.0.0.1:${port}`, { clean: true, clientId: "bench-keyop-mqtt" }), note: "TCP loopback" },
-    { who: "mosquitto", label: (n: number) => `mosquitto QoS 1, ${n} in flight`, pid: mq.proc.pid!, client: await mqtt.connectAsync(`mqtt://127.0.0.1:${mq.port}`, { clean: true, clientId: "bench-ingest" }), note: "TCP loopback, persistence on" },
+    {
+      who: "keyop",
+      label: (n: number) => `keyop MQTT QoS 1 (sync=always), ${n} in flight`,
+      pid: kp.proc.pid,
+      client: await mqtt.connectAsync(`mqtt://127.0.0.1:${port}`, { clean: true, clientId: "bench-keyop-mqtt" }),
+      note: "TCP loopback",
+    },
+    {
+      who: "mosquitto",
+      label: (n: number) => `mosquitto QoS 1, ${n} in flight`,
+      pid: mq.proc.pid!,
+      client: await mqtt.connectAsync(`mqtt://127.0.0.1:${mq.port}`, { clean: true, clientId: "bench-ingest" }),
+      note: "TCP loopback, persistence on",
+    },
   ];
   const idle = rssOf(mq.proc.pid!);
   // Both warmed up alike first (keyop's JIT, both servers' first allocations), untimed.
@@ -284,14 +300,32 @@ async function ingestMqtt(): Promise<void> {
     // two under the same machine conditions, and its median is the steadiest figure of the lot.
     const paired = rates.keyop!.map((x, r) => x / rates.mosquitto![r]!);
     pairedMqtt[n] = quantile([...paired], 0.5);
-    row("1 ingest", `keyop MQTT / mosquitto, ${n} in flight, paired by round`, pairedMqtt[n]!, "x", `median of the per-round ratios (in round order): ${paired.map((x) => x.toFixed(2)).join(" / ")}; the disk's write + fdatasync before each round: ${floors.map((f) => f.toFixed(0)).join(" / ")} µs`);
-    row("floor", `write + fdatasync on this disk, during the MQTT rounds (${n} in flight)`, quantile([...floors], 0.5), "µs", `256 bytes into a preallocated file, 200 times before each round: ${floors.map((f) => f.toFixed(0)).join(" / ")} µs`);
+    row(
+      "1 ingest",
+      `keyop MQTT / mosquitto, ${n} in flight, paired by round`,
+      pairedMqtt[n]!,
+      "x",
+      `median of the per-round ratios (in round order): ${paired.map((x) => x.toFixed(2)).join(" / ")}; the disk's write + fdatasync before each round: ${floors.map((f) => f.toFixed(0)).join(" / ")} µs`,
+    );
+    row(
+      "floor",
+      `write + fdatasync on this disk, during the MQTT rounds (${n} in flight)`,
+      quantile([...floors], 0.5),
+      "µs",
+      `256 bytes into a preallocated file, 200 times before each round: ${floors.map((f) => f.toFixed(0)).join(" / ")} µs`,
+    );
     for (const side of sides) {
       const rounds = rates[side.who]!.map((x) => Math.round(x)).join(" / ");
       const rate = quantile(rates[side.who]!, 0.5);
       const cpuPer100k = (cpu[side.who]! / msgs[side.who]!) * 100_000;
       const clientBusy = Math.round((clientCpu[side.who]! / (MQTT_ROUNDS * SECS)) * 100);
-      row("1 ingest", side.label(n), rate, "msg/s", `${side.note}; median of ${MQTT_ROUNDS} alternating rounds: ${rounds}; server CPU ${cpuPer100k.toFixed(2)} s per 100,000; client (mqtt.js) busy ~${clientBusy}% of a core`);
+      row(
+        "1 ingest",
+        side.label(n),
+        rate,
+        "msg/s",
+        `${side.note}; median of ${MQTT_ROUNDS} alternating rounds: ${rounds}; server CPU ${cpuPer100k.toFixed(2)} s per 100,000; client (mqtt.js) busy ~${clientBusy}% of a core`,
+      );
       charts.ingest!.push({ label: side.label(n), value: rate, series: side.who });
       if (n === 64 && side.who === "mosquitto") resources("mosquitto", idle, busy, cpuPer100k);
     }
@@ -414,7 +448,8 @@ async function mqttLatency(pubPort: number, subPort: number, system: string, ser
 
 async function mosquittoTrio(tag: string): Promise<{ hub: Server & { conf: string }; a: Server; b: Server; restartHub: () => Promise<void> }> {
   const hub = await mosquitto(`${tag}-hub`);
-  const bridge = (name: string, direction: string) => "\n" + readFileSync(join(CONFIGS, "mosquitto-bridge.conf"), "utf8").replaceAll("{{HUB_PORT}}", String(hub.port)).replaceAll("{{DIRECTION}}", direction).replaceAll("{{NAME}}", `${tag}-${name}`);
+  const bridge = (name: string, direction: string) =>
+    "\n" + readFileSync(join(CONFIGS, "mosquitto-bridge.conf"), "utf8").replaceAll("{{HUB_PORT}}", String(hub.port)).replaceAll("{{DIRECTION}}", direction).replaceAll("{{NAME}}", `${tag}-${name}`);
   const a = await mosquitto(`${tag}-a`, bridge("a", "out"));
   const b = await mosquitto(`${tag}-b`, bridge("b", "in"));
   const result = {
@@ -490,7 +525,13 @@ async function twoHopsNats(): Promise<void> {
 
 function backlogRow(system: string, series: string, got: number, ms: number): void {
   const lost = BACKLOG - got;
-  row("3 store and forward", `${system}: ${BACKLOG.toLocaleString("en-US")} published while the hub was down`, got >= BACKLOG ? ms / 1000 : NaN, "s", `until all were at B after the hub started; ${got.toLocaleString("en-US")} arrived, ${lost.toLocaleString("en-US")} never`);
+  row(
+    "3 store and forward",
+    `${system}: ${BACKLOG.toLocaleString("en-US")} published while the hub was down`,
+    got >= BACKLOG ? ms / 1000 : NaN,
+    "s",
+    `until all were at B after the hub started; ${got.toLocaleString("en-US")} arrived, ${lost.toLocaleString("en-US")} never`,
+  );
   charts.backlog!.push({ label: `${system}: arrived at B`, value: got, series });
   backlogs[series] = lost;
 }
@@ -594,12 +635,19 @@ async function crashKeyop(): Promise<void> {
   for (const c of conns) c.close();
   p = await start(d, "edge", "");
   const present = new Set<string>();
-  let from = 1;
+  const from = 1;
   while (true) {
-    const r = (await (await fetch(`http://k/v1/channels/t.crash/messages?subscriber=check&from=${from}&max=10000`, { unix: p.socket } as RequestInit)).json()) as { messages: { id: string; seq: number }[] };
+    const r = (await (await fetch(`http://k/v1/channels/t.crash/messages?subscriber=check&from=${from}&max=10000`, { unix: p.socket } as RequestInit)).json()) as {
+      messages: { id: string; seq: number }[];
+    };
     if (!r.messages?.length) break;
     for (const m of r.messages) present.add(m.id);
-    await fetch(`http://k/v1/channels/t.crash/subscribers/check/ack`, { method: "POST", body: JSON.stringify({ seq: r.messages.at(-1)!.seq }), headers: { "content-type": "application/json" }, unix: p.socket } as RequestInit);
+    await fetch(`http://k/v1/channels/t.crash/subscribers/check/ack`, {
+      method: "POST",
+      body: JSON.stringify({ seq: r.messages.at(-1)!.seq }),
+      headers: { "content-type": "application/json" },
+      unix: p.socket,
+    } as RequestInit);
   }
   const kept = [...ids].filter((id) => present.has(id)).length;
   await stop(p);
@@ -643,14 +691,18 @@ async function crashNats(): Promise<void> {
   ns = { ...(await server([bin("nats-server"), "-c", ns.conf], ns.port, "nats")), conf: ns.conf };
   nc = await natsConnect({ servers: `127.0.0.1:${ns.port}` });
   let present = 0;
-  await until("stream recovered", async () => {
-    try {
-      present = (await (await nc.jetstreamManager()).streams.info("CRASH")).state.messages;
-      return true;
-    } catch {
-      return false;
-    }
-  }, 20_000);
+  await until(
+    "stream recovered",
+    async () => {
+      try {
+        present = (await (await nc.jetstreamManager()).streams.info("CRASH")).state.messages;
+        return true;
+      } catch {
+        return false;
+      }
+    },
+    20_000,
+  );
   await nc.close();
   await kill(ns);
   crashRow("NATS JetStream", "nats", acked, present, "publish acknowledged by the stream; counted from the stream after restart");
@@ -700,7 +752,11 @@ const t0 = performance.now();
 try {
   ensureInstalled();
   const v = versions();
-  console.log(`keyop compare${quick ? " (quick)" : ""}: ${Object.entries(v).map(([k, x]) => `${k} ${x}`).join(", ")}`);
+  console.log(
+    `keyop compare${quick ? " (quick)" : ""}: ${Object.entries(v)
+      .map(([k, x]) => `${k} ${x}`)
+      .join(", ")}`,
+  );
   const steps: [string, () => Promise<void>][] = [
     ["1+5 ingest: keyop HTTP", ingestHttp],
     ["1+5 ingest: mqtt, keyop and mosquitto alternating", ingestMqtt],

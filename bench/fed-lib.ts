@@ -9,7 +9,7 @@ import { createCa, issueCert } from "../src/pki/certs.ts";
 import { RawHttp } from "./raw-http.ts";
 
 export const MAIN = join(import.meta.dir, "..", "src", "main.ts");
-const CLIENTS = 100;
+const _CLIENTS = 100;
 
 /** A `keyop run` child and its API socket. */
 export interface Proc {
@@ -106,7 +106,6 @@ export async function paced(conns: RawHttp[], total: number, rate = 1000, channe
   await Promise.all(inflight);
 }
 
-
 /** Three agents linked A -> hub -> B on channels `pattern`, and what it takes to restart the hub. */
 export interface Trio {
   dir: string;
@@ -139,7 +138,11 @@ export async function startTrio(dir: string, opts: { pattern?: string; extraPeer
   const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
   const port = probe.port;
   probe.stop(true);
-  const peers = [`    - name: devA\n      publish: ['${pattern}']\n      subscribe: []`, `    - name: devB\n      publish: []\n      subscribe: ['${pattern}']`, ...extra.map((n) => `    - name: ${n}\n      publish: []\n      subscribe: []`)];
+  const peers = [
+    `    - name: devA\n      publish: ['${pattern}']\n      subscribe: []`,
+    `    - name: devB\n      publish: []\n      subscribe: ['${pattern}']`,
+    ...extra.map((n) => `    - name: ${n}\n      publish: []\n      subscribe: []`),
+  ];
   const hubYaml = tls("hub") + `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers.join("\n")}\n`;
   const fedOpts = "federation:\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n";
   const hub = await start(dir, "hub", hubYaml, storage);

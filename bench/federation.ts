@@ -4,12 +4,12 @@
  * B at 1,000 msg/s, the forwarding rate of a 100,000-message backlog when
  * the hub comes back, and the hub's RSS with 100 connected clients.
  */
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadTlsMaterial } from "../src/pki/tls.ts";
 import { connectMtls } from "../src/pki/mtls.ts";
-import { PeerSession, sessionHandler } from "../src/federation/session.ts";
+import { type PeerSession, sessionHandler } from "../src/federation/session.ts";
 import { silentLogger } from "../src/observability/logger.ts";
 import { quantile, type Row } from "./lib.ts";
 import { rssOf } from "./api.ts";
@@ -80,8 +80,13 @@ export async function benchFederation(opts: { quick?: boolean } = {}): Promise<R
     // on B taking CPU from the three agents (delivery to subscribers is measured by the API bench).
     await until("backlog stored at B", async () => (await channelMessages(devB, "t.backlog")) >= n, 120_000);
     const secs = (performance.now() - tb) / 1000;
-    rows.push({ group: "federation backlog", metric: `${n.toLocaleString("en-US")} messages A->hub->B once the link is up`, value: n / secs, unit: "msg/s", note: `${secs.toFixed(2)} s until stored at B (+${((tb - th) / 1000).toFixed(1)} s hub start and reconnect); target >= 50,000` });
-
+    rows.push({
+      group: "federation backlog",
+      metric: `${n.toLocaleString("en-US")} messages A->hub->B once the link is up`,
+      value: n / secs,
+      unit: "msg/s",
+      note: `${secs.toFixed(2)} s until stored at B (+${((tb - th) / 1000).toFixed(1)} s hub start and reconnect); target >= 50,000`,
+    });
   } finally {
     for (const p of [devA, devB, hub]) await stop(p).catch(() => {});
     rmSync(dir, { recursive: true, force: true });

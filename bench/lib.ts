@@ -35,7 +35,13 @@ export function fmt(v: number): string {
 export function printTable(title: string, rows: Row[]): void {
   const w = [5, 6, 5, 4].map((n, i) => Math.max(n, ...rows.map((r) => [r.group, r.metric, fmt(r.value), r.unit][i]!.length)));
   console.log(`\n${title}`);
-  const line = (c: string[]) => console.log(c.map((s, i) => (i === 2 ? s.padStart(w[i]!) : s.padEnd(w[i]!))).join("  ").trimEnd());
+  const line = (c: string[]) =>
+    console.log(
+      c
+        .map((s, i) => (i === 2 ? s.padStart(w[i]!) : s.padEnd(w[i]!)))
+        .join("  ")
+        .trimEnd(),
+    );
   line(["group", "metric", "value", "unit", "note"]);
   line(w.map((n) => "-".repeat(n)).concat("----"));
   for (const r of rows) line([r.group, r.metric, fmt(r.value), r.unit, r.note ?? ""]);

@@ -117,13 +117,18 @@ async function handlerLatency(rate: number, seconds: number): Promise<{ p50: num
 
 /** Writes `count` 256-byte-payload envelopes into one channel, or until `bytes`. */
 async function buildLog(dir: string, limit: { count?: number; bytes?: number }): Promise<number> {
-  const log = await ChannelLog.open("bench.backlog", join(dir, "channels", "bench.backlog"), {
-    segmentBytes: 64 * 1024 * 1024,
-    sync: "none",
-    syncIntervalMs: 1000,
-    tailCacheBytes: 0,
-    logger: silentLogger,
-  }, true);
+  const log = await ChannelLog.open(
+    "bench.backlog",
+    join(dir, "channels", "bench.backlog"),
+    {
+      segmentBytes: 64 * 1024 * 1024,
+      sync: "none",
+      syncIntervalMs: 1000,
+      tailCacheBytes: 0,
+      logger: silentLogger,
+    },
+    true,
+  );
   let n = 0;
   while ((limit.count === undefined || n < limit.count) && (limit.bytes === undefined || log.bytes < limit.bytes)) {
     const batch: Promise<number>[] = [];
@@ -152,7 +157,13 @@ export async function benchStorage(opts: { quick?: boolean } = {}): Promise<Row[
   const f2 = await bareFsync(secs);
   const floor = { syncOpsPerSec: (f1.syncOpsPerSec + f2.syncOpsPerSec) / 2, promiseOpsPerSec: (f1.promiseOpsPerSec + f2.promiseOpsPerSec) / 2 };
   const floorUs = 1e6 / floor.syncOpsPerSec;
-  rows.push({ group: "floor", metric: "write+fdatasync (sync calls)", value: floor.syncOpsPerSec, unit: "ops/s", note: `${floorUs.toFixed(0)} µs each (mean of runs before and after: ${f1.syncOpsPerSec.toFixed(0)}, ${f2.syncOpsPerSec.toFixed(0)})` });
+  rows.push({
+    group: "floor",
+    metric: "write+fdatasync (sync calls)",
+    value: floor.syncOpsPerSec,
+    unit: "ops/s",
+    note: `${floorUs.toFixed(0)} µs each (mean of runs before and after: ${f1.syncOpsPerSec.toFixed(0)}, ${f2.syncOpsPerSec.toFixed(0)})`,
+  });
   rows.push({ group: "floor", metric: "write+fdatasync (promise datasync)", value: floor.promiseOpsPerSec, unit: "ops/s", note: `${(1e6 / floor.promiseOpsPerSec).toFixed(0)} µs each` });
   for (const sync of ["always", "interval", "none"] as const) {
     for (const workers of [1, 64]) {
@@ -173,7 +184,13 @@ export async function benchStorage(opts: { quick?: boolean } = {}): Promise<Row[
   const big = root();
   await buildLog(big, { bytes: opts.quick ? 128 * 1024 * 1024 : 1024 * 1024 * 1024 });
   const opened = probe(big, false);
-  rows.push({ group: "open", metric: opts.quick ? "open 128 MB log" : "open 1 GB log", value: opened.openMs!, unit: "ms", note: `${opened.messages!.toLocaleString("en-US")} messages; target < 1000 ms` });
+  rows.push({
+    group: "open",
+    metric: opts.quick ? "open 128 MB log" : "open 1 GB log",
+    value: opened.openMs!,
+    unit: "ms",
+    note: `${opened.messages!.toLocaleString("en-US")} messages; target < 1000 ms`,
+  });
   rmSync(big, { recursive: true, force: true });
 
   const empty = root();

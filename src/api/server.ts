@@ -246,7 +246,9 @@ export class ApiServer {
     this.server = null;
     await Promise.race([server.stop(false), Bun.sleep(Math.min(graceMs, 2000))]);
     await server.stop(true);
-    await unlinkIfExists(this.opts.socketPath).catch((err) => this.opts.logger.warn("could not remove the socket file (the next start removes it)", { socket: this.opts.socketPath, error: String(err) }));
+    await unlinkIfExists(this.opts.socketPath).catch((err) =>
+      this.opts.logger.warn("could not remove the socket file (the next start removes it)", { socket: this.opts.socketPath, error: String(err) }),
+    );
   }
 }
 
@@ -296,4 +298,3 @@ function methodNotAllowed(allow: string): Response {
     headers: { "content-type": "application/json", allow },
   });
 }
-

@@ -44,7 +44,7 @@ export async function socketAnswers(path: string, timeoutMs = 1000): Promise<boo
  */
 export async function prepareSocketPath(path: string): Promise<"fresh" | "stale-removed"> {
   await mkdir(dirname(path), { recursive: true });
-  let st;
+  let st: Awaited<ReturnType<typeof lstat>>;
   try {
     st = await lstat(path);
   } catch (err) {

@@ -47,7 +47,7 @@ export function parseArgs(argv: readonly string[], spec: Record<string, FlagKind
         flags[name] = true;
         continue;
       }
-      let value: string | undefined = eq > 0 ? a.slice(eq + 1) : argv[++i];
+      const value: string | undefined = eq > 0 ? a.slice(eq + 1) : argv[++i];
       if (value === undefined) throw new UsageError(`--${name} needs a value`);
       if (kind === "multi") flags[name] = [...((flags[name] as string[] | undefined) ?? []), value];
       else flags[name] = value;

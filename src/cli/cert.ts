@@ -44,7 +44,7 @@ function writePair(dir: string, base: string, certPem: string, keyPem: string, f
 
 async function cmdCa(argv: string[]): Promise<number> {
   const p = parseArgs(argv, { "out-dir": "string", cn: "string", days: "string", "key-type": "string", force: "boolean" }, 0);
-  if (p.help) return void console.log(CERT_USAGE), 0;
+  if (p.help) return (void console.log(CERT_USAGE), 0);
   const cn = (p.flags.cn as string | undefined) ?? "keyop-ca";
   const ca = await createCa({ cn, days: intFlag(p, "days", 3650), keyType: keyType(p) });
   const files = writePair((p.flags["out-dir"] as string | undefined) ?? ".", "ca", ca.certPem, ca.keyPem, !!p.flags.force);
@@ -55,7 +55,7 @@ async function cmdCa(argv: string[]): Promise<number> {
 
 async function cmdIssue(argv: string[]): Promise<number> {
   const p = parseArgs(argv, { name: "string", "ca-dir": "string", "out-dir": "string", dns: "multi", ip: "multi", days: "string", "key-type": "string", force: "boolean" }, 0);
-  if (p.help) return void console.log(CERT_USAGE), 0;
+  if (p.help) return (void console.log(CERT_USAGE), 0);
   const name = p.flags.name as string | undefined;
   if (!name) throw new UsageError("--name is required");
   try {
@@ -72,7 +72,7 @@ async function cmdIssue(argv: string[]): Promise<number> {
     throw new KeyopError("invalid_argument", `cannot read the CA in ${caDir} (ca.crt, ca.key): ${(err as Error).message}; make one with "keyop cert ca"`);
   }
   const ca = { cert: certFromPem(caPem), key: await keyFromPem(caKeyPem) };
-  let issued;
+  let issued: Awaited<ReturnType<typeof issueCert>>;
   try {
     issued = await issueCert(ca, { name, dns: (p.flags.dns as string[] | undefined) ?? [], ip: (p.flags.ip as string[] | undefined) ?? [], days: intFlag(p, "days", 730), keyType: keyType(p) });
   } catch (err) {
@@ -87,7 +87,7 @@ async function cmdIssue(argv: string[]): Promise<number> {
 
 async function cmdInspect(argv: string[]): Promise<number> {
   const p = parseArgs(argv, { json: "boolean" }, 1);
-  if (p.help) return void console.log(CERT_USAGE), 0;
+  if (p.help) return (void console.log(CERT_USAGE), 0);
   const file = p.positionals[0];
   if (!file) throw new UsageError("FILE is required");
   let pem: string;
@@ -97,7 +97,7 @@ async function cmdInspect(argv: string[]): Promise<number> {
     throw new KeyopError("invalid_argument", `cannot read ${file}: ${(err as Error).message}`);
   }
   const info = await describeCert(certFromPem(pem));
-  if (p.flags.json) return void console.log(JSON.stringify(info, null, 2)), 0;
+  if (p.flags.json) return (void console.log(JSON.stringify(info, null, 2)), 0);
   console.log(
     [
       `subject:      ${info.subject}`,

@@ -13,16 +13,23 @@ export const VERSION_USAGE = "usage: keyop version\n\nPrints the version, the co
 
 function table(rows: string[][]): string {
   const w = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)));
-  return rows.map((r) => r.map((c, i) => (i === 0 ? c.padEnd(w[i]!) : c.padStart(w[i]!))).join("  ").trimEnd()).join("\n");
+  return rows
+    .map((r) =>
+      r
+        .map((c, i) => (i === 0 ? c.padEnd(w[i]!) : c.padStart(w[i]!)))
+        .join("  ")
+        .trimEnd(),
+    )
+    .join("\n");
 }
 
 /** `keyop channels`. */
 export async function cmdChannels(argv: string[]): Promise<number> {
   const p = parseArgs(argv, { json: "boolean", socket: "string" }, 0);
-  if (p.help) return void console.log(CHANNELS_USAGE), 0;
+  if (p.help) return (void console.log(CHANNELS_USAGE), 0);
   const { channels } = await new LocalClient({ socket: p.flags.socket as string | undefined }).channels();
-  if (p.flags.json) return void console.log(JSON.stringify({ channels }, null, 2)), 0;
-  if (channels.length === 0) return void console.log("no channels"), 0;
+  if (p.flags.json) return (void console.log(JSON.stringify({ channels }, null, 2)), 0);
+  if (channels.length === 0) return (void console.log("no channels"), 0);
   const rows = [["CHANNEL", "FIRST", "NEXT", "MESSAGES", "BYTES", "SUBSCRIBERS (cursor/lag)"]];
   for (const c of channels) {
     const subs = (c.subscribers as { name: string; cursor: number; lag: number }[]).map((s) => `${s.name}@${s.cursor}/${s.lag}`).join(" ");
@@ -39,9 +46,9 @@ function tlsLine(t: Record<string, unknown>): string {
 /** `keyop status`. */
 export async function cmdStatus(argv: string[]): Promise<number> {
   const p = parseArgs(argv, { json: "boolean", socket: "string" }, 0);
-  if (p.help) return void console.log(STATUS_USAGE), 0;
+  if (p.help) return (void console.log(STATUS_USAGE), 0);
   const st = await new LocalClient({ socket: p.flags.socket as string | undefined }).status();
-  if (p.flags.json) return void console.log(JSON.stringify(st, null, 2)), 0;
+  if (p.flags.json) return (void console.log(JSON.stringify(st, null, 2)), 0);
   const s = st.storage as Record<string, number>;
   const lines = [
     `name:      ${st.name}`,
@@ -59,7 +66,7 @@ export async function cmdStatus(argv: string[]): Promise<number> {
 /** `keyop version`. */
 export async function cmdVersion(argv: string[]): Promise<number> {
   const p = parseArgs(argv, {}, 0);
-  if (p.help) return void console.log(VERSION_USAGE), 0;
+  if (p.help) return (void console.log(VERSION_USAGE), 0);
   console.log(`keyop ${VERSION} (commit ${COMMIT}, bun ${Bun.version}, ${process.platform}-${process.arch})`);
   return 0;
 }

@@ -38,7 +38,10 @@ export async function cmdPub(argv: string[]): Promise<number> {
   let lineNo = 0;
   const flush = async () => {
     if (batch.length === 0) return;
-    const receipts = await client.publishBatch(channel, batch.map((payload) => ({ type, payload, ...opts })));
+    const receipts = await client.publishBatch(
+      channel,
+      batch.map((payload) => ({ type, payload, ...opts })),
+    );
     process.stdout.write(receipts.map((r) => JSON.stringify(r)).join("\n") + "\n");
     batch = [];
   };
@@ -46,8 +49,7 @@ export async function cmdPub(argv: string[]): Promise<number> {
   let rest = "";
   for await (const chunk of Bun.stdin.stream() as unknown as AsyncIterable<Uint8Array>) {
     rest += dec.decode(chunk, { stream: true });
-    let nl: number;
-    while ((nl = rest.indexOf("\n")) >= 0) {
+    for (let nl = rest.indexOf("\n"); nl >= 0; nl = rest.indexOf("\n")) {
       const line = rest.slice(0, nl);
       rest = rest.slice(nl + 1);
       lineNo++;

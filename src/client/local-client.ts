@@ -257,8 +257,7 @@ export class LocalClient {
     try {
       for await (const chunk of res.body as AsyncIterable<Uint8Array>) {
         rest += dec.decode(chunk, { stream: true });
-        let nl: number;
-        while ((nl = rest.indexOf("\n")) >= 0) {
+        for (let nl = rest.indexOf("\n"); nl >= 0; nl = rest.indexOf("\n")) {
           const line = rest.slice(0, nl);
           rest = rest.slice(nl + 1);
           if (line.trim() !== "") yield fromWire(JSON.parse(line));

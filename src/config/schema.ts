@@ -248,7 +248,10 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     r.list(hubRaw.peers, "hub.peers").forEach((p, i) => {
       const path = `hub.peers[${i}]`;
       const o = r.obj(p, path, ["name", "publish", "subscribe"]);
-      if (!o) return void r.fail(path, "must be a mapping");
+      if (!o) {
+        r.fail(path, "must be a mapping");
+        return;
+      }
       const pname = r.required(o.name, `${path}.name`, r.name);
       if (pname && seen.has(pname)) r.fail(`${path}.name`, `duplicate peer "${pname}"`);
       if (pname) seen.add(pname);
@@ -262,7 +265,10 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
   r.list(top.links, "links").forEach((l, i) => {
     const path = `links[${i}]`;
     const o = r.obj(l, path, ["hub", "publish", "subscribe", "start"]);
-    if (!o) return void r.fail(path, "must be a mapping");
+    if (!o) {
+      r.fail(path, "must be a mapping");
+      return;
+    }
     const hubAddr = r.required(o.hub, `${path}.hub`, r.hostPort);
     const link: LinkConfig = {
       hub: hubAddr ?? "",
@@ -343,7 +349,10 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     r.list(m.users, "mqtt.users").forEach((u, i) => {
       const path = `mqtt.users[${i}]`;
       const o = r.obj(u, path, ["name", "password_hash", "publish", "subscribe"]);
-      if (!o) return void r.fail(path, "must be a mapping");
+      if (!o) {
+        r.fail(path, "must be a mapping");
+        return;
+      }
       const uname = r.required(o.name, `${path}.name`, r.str);
       const hash = r.required(o.password_hash, `${path}.password_hash`, r.str);
       if (hash !== undefined && !hash.startsWith("$")) r.fail(`${path}.password_hash`, "must be a hash made by keyop passwd (it starts with $)");

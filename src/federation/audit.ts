@@ -11,14 +11,7 @@ import type { Logger } from "../observability/logger.ts";
 import { unlinkIfExists } from "../store/fsync-dir.ts";
 
 /** Every event the trail records. */
-export type AuditEvent =
-  | "peer_connected"
-  | "peer_disconnected"
-  | "peer_rejected"
-  | "policy_violation"
-  | "loop_dropped"
-  | "duplicate_dropped"
-  | "malformed_frame";
+export type AuditEvent = "peer_connected" | "peer_disconnected" | "peer_rejected" | "policy_violation" | "loop_dropped" | "duplicate_dropped" | "malformed_frame";
 
 /** Where and how much to keep. */
 export interface AuditOptions {
@@ -73,7 +66,11 @@ export class AuditLog {
   private async drain(): Promise<void> {
     try {
       while (this.queue.length > 0) {
-        if (this.size < 0) this.size = await stat(this.opts.path).then((st) => st.size, () => 0);
+        if (this.size < 0)
+          this.size = await stat(this.opts.path).then(
+            (st) => st.size,
+            () => 0,
+          );
         // Take the lines that fit in the current file (at least one), rotating first when none do.
         let bytes = Buffer.byteLength(this.queue[0]!);
         let n = 1;

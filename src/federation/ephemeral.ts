@@ -12,17 +12,7 @@
  */
 import { assertLabel, decodeEnvelope, encodeEnvelope, type Message } from "../envelope/envelope.ts";
 import { assertChannel, assertPattern, compilePattern, isDeadLetter, type Matcher } from "../envelope/names.ts";
-import {
-  AbortedError,
-  ClosedError,
-  ConnectionLostError,
-  ForbiddenError,
-  InvalidArgumentError,
-  KeyopError,
-  NotConnectedError,
-  PeerRejectedError,
-  TooLargeError,
-} from "../errors.ts";
+import { AbortedError, ClosedError, ConnectionLostError, ForbiddenError, InvalidArgumentError, type KeyopError, NotConnectedError, PeerRejectedError, TooLargeError } from "../errors.ts";
 import { currentContext } from "../messenger/context.ts";
 import { createLogger, type Logger } from "../observability/logger.ts";
 import { connectMtls } from "../pki/mtls.ts";
@@ -31,7 +21,7 @@ import { backoffDelay, HEALTHY_AFTER_MS, splitHostPort } from "./dial.ts";
 import { PROTOCOL_VERSION } from "./frame.ts";
 import { scanEnvelope } from "../envelope/scan.ts";
 import { ackFrame, batchFrame, type Ack, type Batch } from "./messages.ts";
-import { HANDSHAKE_TIMEOUT_MS, PeerSession, sessionHandler } from "./session.ts";
+import { HANDSHAKE_TIMEOUT_MS, type PeerSession, sessionHandler } from "./session.ts";
 
 /** How an EphemeralMessenger connects and behaves. */
 export interface EphemeralConfig {
@@ -316,30 +306,30 @@ export class EphemeralMessenger {
       connectMtls<PeerSession>(
         { hostname, port, material, logger: this.logger, onReject: (reason) => end(`hub rejected: ${reason}`), onEarlyClose: () => end("connection closed during the TLS handshake") },
         sessionHandler(
-            { role: "client", maxBody: this.cfg.maxBatchBytes + 64 * 1024, heartbeatMs: this.cfg.heartbeatMs, logger: this.logger },
-            {
-              onOpen: (s) => this.opened(s),
-              onBatch: (s, b) => this.received(s, b),
-              onAck: (_s, a) => this.acked(a),
-              onClose: (s, reason) => {
-                const c = s.peerClose;
-                if (c && FATAL_CODES.has(c.code)) this.fatal = new PeerRejectedError(`the hub refused ${material.name}: ${c.code}: ${c.reason}`);
-                end(reason);
-              },
+          { role: "client", maxBody: this.cfg.maxBatchBytes + 64 * 1024, heartbeatMs: this.cfg.heartbeatMs, logger: this.logger },
+          {
+            onOpen: (s) => this.opened(s),
+            onBatch: (s, b) => this.received(s, b),
+            onAck: (_s, a) => this.acked(a),
+            onClose: (s, reason) => {
+              const c = s.peerClose;
+              if (c && FATAL_CODES.has(c.code)) this.fatal = new PeerRejectedError(`the hub refused ${material.name}: ${c.code}: ${c.reason}`);
+              end(reason);
             },
-            (s) => {
-              this.session = s;
-              s.sendHello({
-                versions: [PROTOCOL_VERSION],
-                name: material.name,
-                mode: "ephemeral",
-                publish: [">"],
-                subscribe: this.cfg.subscribe,
-                heartbeatMs: this.cfg.heartbeatMs,
-                maxBatchBytes: this.cfg.maxBatchBytes,
-              });
-            },
-          ),
+          },
+          (s) => {
+            this.session = s;
+            s.sendHello({
+              versions: [PROTOCOL_VERSION],
+              name: material.name,
+              mode: "ephemeral",
+              publish: [">"],
+              subscribe: this.cfg.subscribe,
+              heartbeatMs: this.cfg.heartbeatMs,
+              maxBatchBytes: this.cfg.maxBatchBytes,
+            });
+          },
+        ),
       ).catch((err) => end(`connect failed: ${err instanceof Error ? err.message : String(err)}`));
     });
   }

@@ -18,11 +18,10 @@ import { backlogOf, cursorName, Forwarder, type ChannelBacklog } from "./forward
 import { PROTOCOL_VERSION } from "./frame.ts";
 import { closeFrame } from "./messages.ts";
 import { Receiver } from "./receiver.ts";
-import { HANDSHAKE_TIMEOUT_MS, PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
+import { HANDSHAKE_TIMEOUT_MS, type PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
 import { backoffDelay, HEALTHY_AFTER_MS, splitHostPort } from "./dial.ts";
 
 export { backoffDelay } from "./dial.ts";
-
 
 /** What `/v1/status` shows of one link or hub peer. */
 export interface LinkStatus {
@@ -46,8 +45,6 @@ interface SessionParts {
   forwarder?: Forwarder;
   receiver: Receiver;
 }
-
-
 
 /** The federation side of an agent. */
 export class Federation {
@@ -167,7 +164,17 @@ export class Federation {
 
   private forwarder(s: PeerSession, patterns: string[], start: "latest" | "earliest", allow?: (c: string) => boolean, volatile = false): Forwarder | undefined {
     if (patterns.length === 0) return undefined;
-    const f = new Forwarder({ messenger: this.messenger, session: s, patterns, start, allow, volatile, window: this.cfg.federation.window, maxBatchBytes: this.cfg.federation.maxBatchBytes, logger: this.logger });
+    const f = new Forwarder({
+      messenger: this.messenger,
+      session: s,
+      patterns,
+      start,
+      allow,
+      volatile,
+      window: this.cfg.federation.window,
+      maxBatchBytes: this.cfg.federation.maxBatchBytes,
+      logger: this.logger,
+    });
     void f.run().catch((err) => this.logger.error("forwarder stopped with an error", { peer: s.peer.name, error: String(err) }));
     return f;
   }
@@ -208,9 +215,7 @@ export class Federation {
         // An ephemeral peer gets live messages only: cursors in memory, gone with the session.
         // A link's cursor, made at its first session, starts where the link asked.
         parts.forwarder =
-          s.hello!.mode === "ephemeral"
-            ? this.forwarder(s, s.hello!.subscribe, "latest", allowDown, true)
-            : this.forwarder(s, s.hello!.subscribe, s.hello!.start ?? "latest", allowDown);
+          s.hello!.mode === "ephemeral" ? this.forwarder(s, s.hello!.subscribe, "latest", allowDown, true) : this.forwarder(s, s.hello!.subscribe, s.hello!.start ?? "latest", allowDown);
         this.audit?.record("peer_connected", { peer: s.peer.name, fingerprint: s.peer.fingerprint, mode: s.hello!.mode });
         this.logger.info("peer connected", { peer: s.peer.name, mode: s.hello!.mode });
       },

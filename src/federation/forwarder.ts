@@ -207,4 +207,3 @@ export class Forwarder {
     if (this.opts.volatile) for (const sub of this.subs) this.opts.messenger.dropVolatileSubscriber(sub);
   }
 }
-

@@ -6,18 +6,7 @@
  * then ACKs. Records dropped on purpose are audited and still acknowledged,
  * so a bad sender cannot stall a link.
  */
-import {
-  channelIs,
-  envelopeChannel,
-  envelopeId,
-  routeEntry,
-  routeIncludes,
-  routeNames,
-  scanEnvelope,
-  utf8Bytes,
-  withRoute,
-  type EnvelopeView,
-} from "../envelope/scan.ts";
+import { channelIs, envelopeChannel, envelopeId, routeEntry, routeIncludes, routeNames, scanEnvelope, utf8Bytes, withRoute, type EnvelopeView } from "../envelope/scan.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { AuditLog } from "./audit.ts";
@@ -166,4 +155,3 @@ export class Receiver {
     }
   }
 }
-

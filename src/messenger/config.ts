@@ -68,7 +68,7 @@ export const DEFAULTS = {
 
 /** Applies defaults and checks ranges; throws `InvalidArgumentError`. */
 export function resolveConfig(c: MessengerConfig): ResolvedConfig {
-  if (!c || !c.storage || typeof c.storage.dataDir !== "string" || c.storage.dataDir === "") {
+  if (!c?.storage || typeof c.storage.dataDir !== "string" || c.storage.dataDir === "") {
     throw new InvalidArgumentError("storage.dataDir is required");
   }
   const name = c.name ?? (hostname().split(".")[0] || "keyop");

@@ -207,7 +207,12 @@ export class DurableSubscriber {
   watch(onChange: () => void): () => void {
     const offs = new Map<string, () => void>();
     const attach = () => {
-      for (const log of this.host.matchingLogs(this.pattern)) if (!offs.has(log.name)) offs.set(log.name, log.onCommit(() => onChange()));
+      for (const log of this.host.matchingLogs(this.pattern))
+        if (!offs.has(log.name))
+          offs.set(
+            log.name,
+            log.onCommit(() => onChange()),
+          );
     };
     attach();
     const offNew = this.host.onMatchingChannel(this.pattern, () => {
@@ -227,8 +232,7 @@ export class DurableSubscriber {
    * false after `timeoutMs` or on `signal`.
    */
   wait(timeoutMs: number, opts: { after?: Positions; signal?: AbortSignal } = {}): Promise<boolean> {
-    const ready = () =>
-      this.host.matchingLogs(this.pattern).some((log) => log.nextSeq > Math.max(opts.after?.get(log.name) ?? 0, this.cursor(log)));
+    const ready = () => this.host.matchingLogs(this.pattern).some((log) => log.nextSeq > Math.max(opts.after?.get(log.name) ?? 0, this.cursor(log)));
     if (ready()) return Promise.resolve(true);
     if (timeoutMs <= 0 || opts.signal?.aborted) return Promise.resolve(false);
     return new Promise<boolean>((resolve) => {

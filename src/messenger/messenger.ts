@@ -7,15 +7,7 @@
  */
 import { encodeEnvelope, assertLabel, toWire, type Message } from "../envelope/envelope.ts";
 import { scanEnvelope } from "../envelope/scan.ts";
-import {
-  assertChannel,
-  assertName,
-  assertPattern,
-  compilePattern,
-  deadLetterOf,
-  isDeadLetter,
-  type Matcher,
-} from "../envelope/names.ts";
+import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
 import { ClosedError, InvalidArgumentError, KeyopError, ReservedChannelError, TooLargeError } from "../errors.ts";
 import { Histogram, type LatencySummary } from "../observability/histogram.ts";
 import type { ChannelLog, LogHealth } from "../store/channel-log.ts";
@@ -132,22 +124,21 @@ export class Messenger {
     this.store = store;
     this.cursorStore = cursors;
     this.fsyncLatency = fsyncLatency;
-    const self = this;
     this.host = {
       cursors,
       logger: cfg.logger,
       retryBackoffBaseMs: cfg.retryBackoffBaseMs,
       retryBackoffMaxMs: cfg.retryBackoffMaxMs,
-      decoderFor: (type) => self.decoders.get(type),
-      deadLetter: (msg, error, attempts) => self.deadLetter(msg, error, attempts),
+      decoderFor: (type) => this.decoders.get(type),
+      deadLetter: (msg, error, attempts) => this.deadLetter(msg, error, attempts),
       noteDelivered: (channel, ms, redelivery) => {
-        const c = self.countersOf(channel);
+        const c = this.countersOf(channel);
         c.delivered++;
         c.acked++;
         if (redelivery) c.redelivered++;
-        if (ms !== undefined) self.handlerLatency.record(ms);
+        if (ms !== undefined) this.handlerLatency.record(ms);
       },
-      noteFailed: (channel) => self.countersOf(channel).failed++,
+      noteFailed: (channel) => this.countersOf(channel).failed++,
     };
     this.readerHost = this.readerHostFor(cursors);
     this.volatileHost = this.readerHostFor(CursorStore.memory(cfg.logger));
@@ -166,22 +157,23 @@ export class Messenger {
   }
 
   private readerHostFor(cursors: CursorStore): DurableSubscriberHost {
-    const self = this;
     return {
       cursors,
       logger: this.cfg.logger,
-      matchingLogs: (pattern) => self.matchingLogs(pattern),
+      matchingLogs: (pattern) => this.matchingLogs(pattern),
       onMatchingChannel: (pattern, fn) => {
         const w = { pattern, fn };
-        self.channelWatchers.add(w);
-        return () => self.channelWatchers.delete(w);
+        this.channelWatchers.add(w);
+        return () => this.channelWatchers.delete(w);
       },
       noteSent: (channel, count, redelivered) => {
-        const c = self.countersOf(channel);
+        const c = this.countersOf(channel);
         c.delivered += count;
         c.redelivered += redelivered;
       },
-      noteAcked: (channel, count) => void (self.countersOf(channel).acked += count),
+      noteAcked: (channel, count) => {
+        this.countersOf(channel).acked += count;
+      },
     };
   }
 
@@ -345,7 +337,7 @@ export class Messenger {
     const state = this.cursorStore.get(pattern, name) ?? this.createSubscriber(pattern, name, from);
     const maxRetries = opts.maxRetries ?? this.cfg.maxRetries;
     const serviceName = opts.serviceName ?? currentContext()?.serviceName ?? this.cfg.serviceName;
-    const sub = new Subscription(this.host, state, handler as Handler<any>, serviceName, maxRetries);
+    const sub = new Subscription(this.host, state, handler as Handler<unknown>, serviceName, maxRetries);
     this.subs.set(key, sub);
     for (const log of this.matchingLogs(pattern)) sub.attach(log);
     return sub;
@@ -464,8 +456,7 @@ export class Messenger {
     if (opts.deleteCursor) {
       this.readers.delete(key);
       await this.cursorStore.delete(sub.pattern, sub.name);
-    }
-    else await this.cursorStore.flush();
+    } else await this.cursorStore.flush();
   }
 
   /** Removes a durable subscriber (stopping it if running); false if unknown. */

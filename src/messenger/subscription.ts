@@ -50,7 +50,7 @@ export class Subscription {
   readonly name: string;
   private readonly host: SubscriptionHost;
   private readonly state: CursorState;
-  private readonly handler: Handler<any>;
+  private readonly handler: Handler<unknown>;
   private readonly serviceName: string | undefined;
   private readonly maxRetries: number;
   private readonly loops = new Map<string, Promise<void>>();
@@ -58,7 +58,7 @@ export class Subscription {
   private stopped = false;
 
   /** @internal Created by `Messenger.subscribe`. */
-  constructor(host: SubscriptionHost, state: CursorState, handler: Handler<any>, serviceName: string | undefined, maxRetries: number) {
+  constructor(host: SubscriptionHost, state: CursorState, handler: Handler<unknown>, serviceName: string | undefined, maxRetries: number) {
     this.host = host;
     this.state = state;
     this.pattern = state.pattern;

@@ -153,7 +153,9 @@ export class MqttServer implements SessionHost {
     const name = sessionName(clientId);
     for (const sub of this.messenger.subscribers()) {
       if (sub.name !== name) continue;
-      await this.messenger.deleteSubscriber(sub.pattern, name).catch((err) => this.logger.warn("mqtt session's subscriber not deleted", { client: clientId, pattern: sub.pattern, error: String(err) }));
+      await this.messenger
+        .deleteSubscriber(sub.pattern, name)
+        .catch((err) => this.logger.warn("mqtt session's subscriber not deleted", { client: clientId, pattern: sub.pattern, error: String(err) }));
     }
     await this.sessions.drop(clientId).catch(() => undefined); // logged, counted and retried by the store
   }

@@ -111,7 +111,10 @@ export class SessionStore {
   /** Notes that `seq` of `channel` goes to `client` now. */
   sending(client: string, channel: string, seq: number): void {
     let chans = this.byClient.get(client);
-    if (!chans) this.byClient.set(client, (chans = new Map()));
+    if (!chans) {
+      chans = new Map();
+      this.byClient.set(client, chans);
+    }
     if ((chans.get(channel) ?? 0) < seq) {
       chans.set(channel, seq);
       this.dirty = true;

@@ -348,7 +348,9 @@ export class MqttSession {
     if (publishWill && this.will) {
       const w = this.will;
       this.will = undefined;
-      void this.store(w.topic, Buffer.from(w.payload), w.retain ? w.qos ?? 0 : undefined).catch((err) => this.host.logger.warn("mqtt will not published", { client: this.clientId, error: String(err) }));
+      void this.store(w.topic, Buffer.from(w.payload), w.retain ? (w.qos ?? 0) : undefined).catch((err) =>
+        this.host.logger.warn("mqtt will not published", { client: this.clientId, error: String(err) }),
+      );
     }
     this.wire.end();
   }
@@ -517,15 +519,14 @@ export class MqttSession {
     if (this.assignedId) props.assignedClientIdentifier = id;
     // The client asked for more than the config allows: CONNACK says what it got.
     if (askedExpiry !== undefined && askedExpiry * 1000 > this.expiryMs) props.sessionExpiryInterval = Math.floor(this.expiryMs / 1000);
-    this.send(
-      this.version === 5
-        ? ({ cmd: "connack", reasonCode: 0, sessionPresent: present, properties: props } as Packet)
-        : ({ cmd: "connack", returnCode: 0, sessionPresent: present } as Packet),
-    );
+    this.send(this.version === 5 ? ({ cmd: "connack", reasonCode: 0, sessionPresent: present, properties: props } as Packet) : ({ cmd: "connack", returnCode: 0, sessionPresent: present } as Packet));
     if (this.keepalive > 0) {
-      this.timer = setInterval(() => {
-        if (Date.now() - this.lastPacket > this.keepalive * 1500) this.fail(`no packet for 1.5 x keepalive (${this.keepalive} s)`, 0x8d);
-      }, Math.max(250, (this.keepalive * 1000) / 2));
+      this.timer = setInterval(
+        () => {
+          if (Date.now() - this.lastPacket > this.keepalive * 1500) this.fail(`no packet for 1.5 x keepalive (${this.keepalive} s)`, 0x8d);
+        },
+        Math.max(250, (this.keepalive * 1000) / 2),
+      );
       this.timer.unref?.();
     }
     // A kept session resumes its subscriptions, resending what was not acknowledged (also when

@@ -166,7 +166,9 @@ export function commonName(cert: x509.X509Certificate): string {
 
 /** SHA-256 fingerprint as colon-separated upper-case hex (as openssl prints it). */
 export async function fingerprint(cert: x509.X509Certificate): Promise<string> {
-  const h = Buffer.from(await cert.getThumbprint("SHA-256")).toString("hex").toUpperCase();
+  const h = Buffer.from(await cert.getThumbprint("SHA-256"))
+    .toString("hex")
+    .toUpperCase();
   return h.match(/../g)!.join(":");
 }
 
@@ -195,7 +197,11 @@ export async function describeCert(cert: x509.X509Certificate): Promise<CertInfo
   const ku = cert.getExtension(x509.KeyUsagesExtension);
   const eku = cert.getExtension(x509.ExtendedKeyUsageExtension);
   const bc = cert.getExtension(x509.BasicConstraintsExtension);
-  const flags = ku ? Object.entries(x509.KeyUsageFlags).filter(([k, v]) => typeof v === "number" && isNaN(Number(k)) && (ku.usages & v) !== 0).map(([k]) => k) : [];
+  const flags = ku
+    ? Object.entries(x509.KeyUsageFlags)
+        .filter(([k, v]) => typeof v === "number" && Number.isNaN(Number(k)) && (ku.usages & v) !== 0)
+        .map(([k]) => k)
+    : [];
   const alg = cert.publicKey.algorithm as { name: string; namedCurve?: string };
   return {
     subject: cert.subject,

@@ -73,7 +73,7 @@ function socketHandlers<T>(
   // An exception in the application's handlers must not vanish or take the process down:
   // log it and drop that one connection.
   const fail = (s: MtlsSocket<T>, e: unknown) => {
-    logger.error("connection handler failed, closing the connection", { remote: s.remoteAddress, peer: s.data.peer?.name, error: e instanceof Error ? e.stack ?? e.message : String(e) });
+    logger.error("connection handler failed, closing the connection", { remote: s.remoteAddress, peer: s.data.peer?.name, error: e instanceof Error ? (e.stack ?? e.message) : String(e) });
     s.terminate();
   };
   return {

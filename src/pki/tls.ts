@@ -108,7 +108,10 @@ export function bunTlsOptions(m: TlsMaterial): {
 /** "certificate X expires in N days" for our own and the CA certificate, when within the warning window. */
 export function expiryWarnings(m: TlsMaterial, now = Date.now()): string[] {
   const out: string[] = [];
-  for (const [what, c] of [["certificate", m.own], ["CA certificate", m.ca]] as const) {
+  for (const [what, c] of [
+    ["certificate", m.own],
+    ["CA certificate", m.ca],
+  ] as const) {
     const days = Math.floor((c.notAfter.getTime() - now) / DAY_MS);
     if (days < EXPIRY_WARN_DAYS) out.push(days < 0 ? `${what} ${c.subject} expired ${-days} days ago` : `${what} ${c.subject} expires in ${days} days`);
   }
@@ -134,14 +137,7 @@ export interface TlsSocketLike {
  * plays (a connecting "client" must have clientAuth, a "server" serverAuth).
  * Throws `PeerRejectedError` with the reason.
  */
-export async function verifyPeer(
-  socket: TlsSocketLike,
-  handshakeOk: boolean,
-  authorizationError: Error | null,
-  m: TlsMaterial,
-  expect: "client" | "server",
-  now = new Date(),
-): Promise<PeerIdentity> {
+export async function verifyPeer(socket: TlsSocketLike, handshakeOk: boolean, authorizationError: Error | null, m: TlsMaterial, expect: "client" | "server", now = new Date()): Promise<PeerIdentity> {
   const reject = (reason: string) => new PeerRejectedError(reason);
   if (authorizationError) throw reject(`TLS verification failed: ${authorizationError.message}`);
   if (!handshakeOk || !socket.authorized) throw reject("peer not authorized by the TLS handshake");

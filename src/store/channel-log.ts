@@ -407,7 +407,10 @@ export class ChannelLog {
   private async writeChunk(seg: Segment, chunk: Pending[]): Promise<boolean> {
     const fh = await seg.handle();
     const firstSeq = this.writeSeq;
-    const buf = encodeRecords(firstSeq, chunk.map((p) => p.body));
+    const buf = encodeRecords(
+      firstSeq,
+      chunk.map((p) => p.body),
+    );
     const pos = this.writeEnd;
     // Zeros being written must never land on a record: wait for a fill this write would cross.
     if (this.extending && pos + buf.length > seg.allocated) await this.extending;
@@ -440,18 +443,19 @@ export class ChannelLog {
     this.inflight++;
     const epoch = this.epoch;
     const t = performance.now();
-    const synced = seg.syncHandle().then((sfh) =>
-      sfh.datasync().then(
-        () => {
-          seg.releaseSyncHandle(sfh);
-          this.opts.onFsync?.(performance.now() - t);
-          return null;
-        },
-        (err: unknown) => {
-          seg.releaseSyncHandle(sfh);
-          return err;
-        },
-      ),
+    const synced = seg.syncHandle().then(
+      (sfh) =>
+        sfh.datasync().then(
+          () => {
+            seg.releaseSyncHandle(sfh);
+            this.opts.onFsync?.(performance.now() - t);
+            return null;
+          },
+          (err: unknown) => {
+            seg.releaseSyncHandle(sfh);
+            return err;
+          },
+        ),
       (err: unknown) => err,
     );
     const prev = this.commitTail;

@@ -72,12 +72,7 @@ export interface ScanResult {
  * from `expectedSeq`; calls `visit` for each valid one. `partial` means the
  * bytes end inside a record (read more, or a torn tail if this is all).
  */
-export function scanRecords(
-  buf: Uint8Array,
-  start: number,
-  expectedSeq: number,
-  visit?: (seq: number, offset: number, bodyStart: number, bodyLen: number) => boolean | void,
-): ScanResult {
+export function scanRecords(buf: Uint8Array, start: number, expectedSeq: number, visit?: (seq: number, offset: number, bodyStart: number, bodyLen: number) => boolean | undefined): ScanResult {
   const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
   let off = start;
   let seq = expectedSeq;

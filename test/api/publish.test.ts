@@ -45,7 +45,15 @@ describe("POST /v1/channels/{channel}/messages", () => {
   test("msgpack: a single map, an array of maps, and binary payloads kept as bytes", async () => {
     let r = await a.call("POST", "/v1/channels/mp.one/messages", pack.pack({ type: "raw", payload: new Uint8Array([0, 1, 255]) }), { "content-type": "application/msgpack" });
     expect(r.status).toBe(201);
-    r = await a.call("POST", "/v1/channels/mp.one/messages", pack.pack([{ type: "n", payload: 1 }, { type: "n", payload: 2 }]), { "content-type": "application/msgpack" });
+    r = await a.call(
+      "POST",
+      "/v1/channels/mp.one/messages",
+      pack.pack([
+        { type: "n", payload: 1 },
+        { type: "n", payload: 2 },
+      ]),
+      { "content-type": "application/msgpack" },
+    );
     expect(((await r.json()) as any).results.length).toBe(2);
     const msgs = await pullAll("mp.one", "c");
     expect(msgs[0].payload).toEqual({ $base64: Buffer.from([0, 1, 255]).toString("base64") });

@@ -97,7 +97,7 @@ describe("stream", () => {
     s.close();
   });
 
-  test("WebSocket on the same path: messages as frames, acks as {\"ack\":seq}, window honoured", async () => {
+  test('WebSocket on the same path: messages as frames, acks as {"ack":seq}, window honoured', async () => {
     for (let i = 1; i <= 4; i++) await pub("st.ws", i);
     const got: any[] = [];
     const errors: any[] = [];

@@ -17,15 +17,35 @@ function problems(raw: unknown): string[] {
 }
 
 describe("units", () => {
-  test.each([["500ms", 500], ["30s", 30_000], ["5m", 300_000], ["7d", 604_800_000], [250, 250], ["1.5s", 1500]])("duration %p", (v, ms) => {
+  test.each([
+    ["500ms", 500],
+    ["30s", 30_000],
+    ["5m", 300_000],
+    ["7d", 604_800_000],
+    [250, 250],
+    ["1.5s", 1500],
+  ])("duration %p", (v, ms) => {
     expect(parseDuration(v)).toBe(ms);
   });
   test.each(["", "5 parsecs", "-1s", "1y", null, {}])("not a duration: %p", (v) => expect(parseDuration(v)).toBeNull());
-  test.each([["64MiB", 64 * 2 ** 20], ["1GiB", 2 ** 30], ["10MB", 10_000_000], ["4096", 4096], [512, 512], ["64kib", 65536]])("size %p", (v, b) => {
+  test.each([
+    ["64MiB", 64 * 2 ** 20],
+    ["1GiB", 2 ** 30],
+    ["10MB", 10_000_000],
+    ["4096", 4096],
+    [512, 512],
+    ["64kib", 65536],
+  ])("size %p", (v, b) => {
     expect(parseSize(v)).toBe(b);
   });
   test.each(["64 lbs", "-1", 1.5, "MiB"])("not a size: %p", (v) => expect(parseSize(v)).toBeNull());
-  test.each([[660, 0o660], ["0660", 0o660], ["0o600", 0o600], [600, 0o600], ["0777", 0o777]])("mode %p", (v, m) => {
+  test.each([
+    [660, 0o660],
+    ["0660", 0o660],
+    ["0o600", 0o600],
+    [600, 0o600],
+    ["0777", 0o777],
+  ])("mode %p", (v, m) => {
     expect(parseMode(v)).toBe(m);
   });
   test.each([680, "rw-rw----", "99999", -1])("not a mode: %p", (v) => expect(parseMode(v)).toBeNull());

@@ -79,7 +79,25 @@ describe("scanEnvelope", () => {
 
   test("route and channel checks compare content, whatever string form a peer wrote", () => {
     // "hub" as str8 (0xd9 0x03 ...) instead of the minimal fixstr: still the name "hub".
-    const body = new Uint8Array([0x84, ...plain.pack("id"), ...plain.pack("a"), ...plain.pack("channel"), 0xd9, 0x01, 0x63, ...plain.pack("route"), 0x92, ...plain.pack("dev"), 0xd9, 0x03, 0x68, 0x75, 0x62, ...plain.pack("p"), 0xc0]);
+    const body = new Uint8Array([
+      0x84,
+      ...plain.pack("id"),
+      ...plain.pack("a"),
+      ...plain.pack("channel"),
+      0xd9,
+      0x01,
+      0x63,
+      ...plain.pack("route"),
+      0x92,
+      ...plain.pack("dev"),
+      0xd9,
+      0x03,
+      0x68,
+      0x75,
+      0x62,
+      ...plain.pack("p"),
+      0xc0,
+    ]);
     const v = scanEnvelope(body);
     expect(routeIncludes(body, v, utf8Bytes("hub"))).toBe(true);
     expect(routeIncludes(body, v, utf8Bytes("hu"))).toBe(false);
@@ -125,7 +143,7 @@ describe("scanEnvelope", () => {
 
   test("fuzz: mutated bodies are either refused or read exactly as the full decoder reads them", () => {
     let seed = 42;
-    const rnd = () => ((seed = (seed * 1_103_515_245 + 12_345) & 0x7fffffff) / 0x7fffffff);
+    const rnd = () => (seed = (seed * 1_103_515_245 + 12_345) & 0x7fffffff) / 0x7fffffff;
     const bases = payloads.slice(0, 14).map((payload) => encodeEnvelope(fields({ payload })));
     let accepted = 0;
     for (let i = 0; i < 20_000; i++) {
@@ -133,7 +151,7 @@ describe("scanEnvelope", () => {
       const body = new Uint8Array(base); // a copy (Buffer#slice would share the bytes)
       const flips = 1 + Math.floor(rnd() * 3);
       for (let k = 0; k < flips; k++) body[Math.floor(rnd() * body.length)] = Math.floor(rnd() * 256);
-      let view;
+      let view: ReturnType<typeof scanEnvelope>;
       try {
         view = scanEnvelope(body);
         routeNames(body, view);

@@ -44,7 +44,13 @@ describe.skipIf(skipReason !== null)("disk full at the hub", () => {
     };
     const hubDir = join(mnt, "hub");
     mkdirSync(hubDir);
-    const hub = await runAgent(hubDir, ["--config", cfg("hub", `storage:\n  segment_bytes: 256KiB\nhub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["d.>"]\n      subscribe: []\n    - name: devB\n      publish: []\n      subscribe: ["d.>"]\n`)]);
+    const hub = await runAgent(hubDir, [
+      "--config",
+      cfg(
+        "hub",
+        `storage:\n  segment_bytes: 256KiB\nhub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["d.>"]\n      subscribe: []\n    - name: devB\n      publish: []\n      subscribe: ["d.>"]\n`,
+      ),
+    ]);
     const devA = await runAgent(join(dir, "devA"), ["--config", cfg("devA", `links:\n  - hub: 127.0.0.1:${port}\n    publish: ["d.>"]\n    subscribe: []\n`)]);
     const devB = await runAgent(join(dir, "devB"), ["--config", cfg("devB", `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["d.>"]\n`)]);
     agents.push(hub, devA, devB);
@@ -77,10 +83,14 @@ describe.skipIf(skipReason !== null)("disk full at the hub", () => {
     // Reads at the hub still work, and A keeps what the hub could not take.
     const hubRead = await api(hub, "GET", "/v1/channels/d.full/messages?subscriber=r&from=earliest&max=5");
     expect(hubRead.status).toBe(200);
-    await waitFor(async () => {
-      const st = (await (await api(devA, "GET", "/v1/status")).json()) as any;
-      return (st.links[0]?.backlog?.find((b: any) => b.channel === "d.full")?.messages ?? 0) > 0;
-    }, "a backlog kept at A", 20_000);
+    await waitFor(
+      async () => {
+        const st = (await (await api(devA, "GET", "/v1/status")).json()) as any;
+        return (st.links[0]?.backlog?.find((b: any) => b.channel === "d.full")?.messages ?? 0) > 0;
+      },
+      "a backlog kept at A",
+      20_000,
+    );
     expect(hub.child.proc.exitCode).toBe(null);
 
     // Space is back: everything arrives, once, in order.

@@ -41,8 +41,7 @@ afterAll(async () => {
   rmSync(root, { recursive: true, force: true });
 });
 
-const post = (a: AgentProc, body: string) =>
-  fetch("http://k/v1/channels/flaky/messages", { method: "POST", body, headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit);
+const post = (a: AgentProc, body: string) => fetch("http://k/v1/channels/flaky/messages", { method: "POST", body, headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit);
 
 describe.skipIf(skipReason !== null)("a disk that fails and comes back", () => {
   test("every acknowledged message survives the failure and a remount, once and in order; every refusal was typed", async () => {
@@ -89,7 +88,11 @@ describe.skipIf(skipReason !== null)("a disk that fails and comes back", () => {
     console.log(`flaky disk: ${acked.length} acknowledged, refusals ${JSON.stringify(Object.fromEntries(refusals))}`);
     for (const key of refusals.keys()) expect(key).toMatch(/^5\d\d (io_error|disk_full|log_unavailable)$/);
     // The agent saw the failures, went back to its durable end, refused while it could not, and recovered.
-    const events = (msg: string) => a.logs().split("\n").filter((l) => l.includes(`"msg":"${msg}"`)).length;
+    const events = (msg: string) =>
+      a
+        .logs()
+        .split("\n")
+        .filter((l) => l.includes(`"msg":"${msg}"`)).length;
     console.log(`flaky disk: ${events("fdatasync failed")} failed fdatasyncs, ${events("log resealed after a failed fdatasync")} reseals, ${events("channel log writable again")} recoveries`);
     expect(events("fdatasync failed")).toBeGreaterThan(0);
     expect(events("log resealed after a failed fdatasync")).toBeGreaterThan(0);
@@ -104,10 +107,17 @@ describe.skipIf(skipReason !== null)("a disk that fails and comes back", () => {
     const b = agent;
     const got: { seq: number; i: number }[] = [];
     for (;;) {
-      const r = (await (await fetch("http://k/v1/channels/flaky/messages?subscriber=check&from=earliest&max=5000", { unix: b.socket } as RequestInit)).json()) as { messages: { seq: number; payload: { i: number } }[] };
+      const r = (await (await fetch("http://k/v1/channels/flaky/messages?subscriber=check&from=earliest&max=5000", { unix: b.socket } as RequestInit)).json()) as {
+        messages: { seq: number; payload: { i: number } }[];
+      };
       if (r.messages.length === 0) break;
       for (const m of r.messages) got.push({ seq: m.seq, i: m.payload.i });
-      const ack = await fetch("http://k/v1/channels/flaky/subscribers/check/ack", { method: "POST", body: JSON.stringify({ seq: r.messages.at(-1)!.seq }), headers: { "content-type": "application/json" }, unix: b.socket } as RequestInit);
+      const ack = await fetch("http://k/v1/channels/flaky/subscribers/check/ack", {
+        method: "POST",
+        body: JSON.stringify({ seq: r.messages.at(-1)!.seq }),
+        headers: { "content-type": "application/json" },
+        unix: b.socket,
+      } as RequestInit);
       expect(ack.status).toBeLessThan(300);
     }
     const bySeq = new Map(got.map((m) => [m.seq, m.i]));

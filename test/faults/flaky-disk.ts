@@ -46,19 +46,19 @@ export function makeFlakyDisk(root: string, tmpfsMib: number): FlakyDisk | strin
   const img = join(backing, "disk.img");
   r = run(["truncate", "-s", "600M", img]);
   if (r.ok) r = run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", img]);
-  if (!r.ok) return undo(), `mkfs.ext4: ${r.out}`;
+  if (!r.ok) return (undo(), `mkfs.ext4: ${r.out}`);
   r = run(["losetup", "-f", "--show", img]);
-  if (!r.ok) return undo(), `losetup: ${r.out}`;
+  if (!r.ok) return (undo(), `losetup: ${r.out}`);
   const loop = r.out;
   steps.push(() => run(["losetup", "-d", loop]));
   try {
     writeFileSync(`/sys/block/${loop.replace("/dev/", "")}/queue/max_sectors_kb`, "4");
   } catch (err) {
-    return undo(), `cap the loop device's requests at one page: ${String(err)}`;
+    return (undo(), `cap the loop device's requests at one page: ${String(err)}`);
   }
   const mount = () => run(["mount", "-o", "errors=continue", loop, mountPoint]);
   r = mount();
-  if (!r.ok) return undo(), `mount ${loop}: ${r.out}`;
+  if (!r.ok) return (undo(), `mount ${loop}: ${r.out}`);
   let mounted = true;
   steps.push(() => mounted && run(["umount", mountPoint]));
   const filler = join(backing, "filler");

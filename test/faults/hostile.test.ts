@@ -17,7 +17,6 @@ const RANDOM = process.env.KEYOP_FAULT_LONG ? 50_000 : 2_000;
 let agent: AgentProc;
 let port: number;
 
-
 const rssMB = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))![1]) / 1024;
 
 /** A raw HTTP/1.1 request over the Unix socket; resolves with the status (0: the connection closed without one). */
@@ -92,7 +91,7 @@ describe("hostile input against a running agent", () => {
 
   test(`${RANDOM.toLocaleString("en-US")} random and mutated requests: never a 5xx, the process stays up`, async () => {
     let seed = 99;
-    const rnd = () => ((seed = (seed * 1_103_515_245 + 12_345) & 0x7fffffff) / 0x7fffffff);
+    const rnd = () => (seed = (seed * 1_103_515_245 + 12_345) & 0x7fffffff) / 0x7fffffff;
     const pick = <T>(xs: T[]) => xs[Math.floor(rnd() * xs.length)]!;
     const bytes = (n: number) => Uint8Array.from({ length: n }, () => Math.floor(rnd() * 256));
     const good = '{"type":"t","payload":{"a":[1,2,{"b":"c"}]}}';
@@ -101,13 +100,24 @@ describe("hostile input against a running agent", () => {
       for (let k = 0; k < 1 + Math.floor(rnd() * 4); k++) b[Math.floor(rnd() * b.length)] = Math.floor(rnd() * 256);
       return b;
     };
-    const paths = ["/v1/channels/h.r/messages", "/v1/channels/h.*/messages?subscriber=s&max=5", "/v1/channels/h.r/subscribers/s/ack", "/v1/channels/%00/messages", "/v1/status", "/v1/channels/h.r/stream?subscriber=z&max_inflight=-1", "/metrics", "/v1/channels/h.r/messages?subscriber=" + "s".repeat(300)];
+    const paths = [
+      "/v1/channels/h.r/messages",
+      "/v1/channels/h.*/messages?subscriber=s&max=5",
+      "/v1/channels/h.r/subscribers/s/ack",
+      "/v1/channels/%00/messages",
+      "/v1/status",
+      "/v1/channels/h.r/stream?subscriber=z&max_inflight=-1",
+      "/metrics",
+      "/v1/channels/h.r/messages?subscriber=" + "s".repeat(300),
+    ];
     const types = ["application/json", "application/x-ndjson", "application/msgpack", "text/plain", ""];
     const statuses = new Map<number, number>();
     for (let i = 0; i < RANDOM; i++) {
       const method = pick(["GET", "POST", "POST", "POST", "DELETE", "PUT"]);
       const body = pick([() => mutate(good), () => bytes(Math.floor(rnd() * 300)), () => new TextEncoder().encode(good)])();
-      const r = await fetch(`http://k${pick(paths)}`, { method, body: method === "GET" ? undefined : body, headers: { "content-type": pick(types) }, unix: agent.socket } as RequestInit).catch(() => null);
+      const r = await fetch(`http://k${pick(paths)}`, { method, body: method === "GET" ? undefined : body, headers: { "content-type": pick(types) }, unix: agent.socket } as RequestInit).catch(
+        () => null,
+      );
       const st = r?.status ?? 0;
       if (r) await r.arrayBuffer().catch(() => {});
       statuses.set(st, (statuses.get(st) ?? 0) + 1);
@@ -117,7 +127,12 @@ describe("hostile input against a running agent", () => {
     for (const junk of ["GARBAGE\r\n\r\n", "POST /v1/channels/h.r/messages HTTP/1.1\r\nContent-Length: -5\r\n\r\n", bytes(200)]) {
       expect([0, 400, 431, 505]).toContain(await raw(junk));
     }
-    console.log(`random requests: ${[...statuses].sort((a, b) => a[0] - b[0]).map(([s, n]) => `${s}: ${n}`).join(", ")}`);
+    console.log(
+      `random requests: ${[...statuses]
+        .sort((a, b) => a[0] - b[0])
+        .map(([s, n]) => `${s}: ${n}`)
+        .join(", ")}`,
+    );
     expect(agent.child.proc.exitCode).toBe(null);
     const ok = await post("/v1/channels/h.after/messages", '{"type":"t","payload":1}');
     expect(ok.status).toBe(201);

@@ -13,7 +13,6 @@ import { fleet, runAgent, type AgentProc } from "../integration/agent-process.ts
 
 const KILLS = Number(process.env.KEYOP_FAULT_KILLS ?? 5);
 
-
 const running = new Map<string, AgentProc>();
 
 afterAll(async () => {
@@ -29,7 +28,8 @@ test(`kill loop: ${KILLS} SIGKILLs across device -> hub -> device under load los
   const port = freePort();
   const fed = "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 50ms\n  reconnect_max_ms: 300ms\n";
   const configs: Record<string, string> = {
-    hub: tls("hub") + fed + `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["f.>"]\n      subscribe: []\n    - name: devB\n      publish: []\n      subscribe: ["f.>"]\n`,
+    hub:
+      tls("hub") + fed + `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["f.>"]\n      subscribe: []\n    - name: devB\n      publish: []\n      subscribe: ["f.>"]\n`,
     devA: tls("devA") + fed + `links:\n  - hub: 127.0.0.1:${port}\n    publish: ["f.>"]\n    subscribe: []\n    start: earliest\n`,
     devB: tls("devB") + fed + `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["f.>"]\n    start: earliest\n`,
   };
@@ -64,7 +64,7 @@ test(`kill loop: ${KILLS} SIGKILLs across device -> hub -> device under load los
 
   // The kills: a random process, at a random moment, restarted on the same data.
   let seed = 7;
-  const rnd = () => ((seed = (seed * 1_103_515_245 + 12_345) & 0x7fffffff) / 0x7fffffff);
+  const rnd = () => (seed = (seed * 1_103_515_245 + 12_345) & 0x7fffffff) / 0x7fffffff;
   const killed: string[] = [];
   for (let k = 0; k < KILLS; k++) {
     const before = acked.length;
@@ -83,14 +83,26 @@ test(`kill loop: ${KILLS} SIGKILLs across device -> hub -> device under load los
   const seen = new Map<string, number>();
   const devB = () => running.get("devB")!;
   const want = new Set(acked);
-  await waitFor(async () => {
-    const r = (await (await fetch(`http://k/v1/channels/f.kill/messages?subscriber=check&from=earliest&max=10000&wait=500`, { unix: devB().socket } as RequestInit)).json()) as { messages?: { id: string; seq: number }[] };
-    for (const m of r.messages ?? []) seen.set(m.id, (seen.get(m.id) ?? 0) + 1);
-    if (r.messages?.length) {
-      await fetch(`http://k/v1/channels/f.kill/subscribers/check/ack`, { method: "POST", body: JSON.stringify({ seq: r.messages.at(-1)!.seq }), headers: { "content-type": "application/json" }, unix: devB().socket } as RequestInit);
-    }
-    return [...want].every((id) => seen.has(id));
-  }, "every acknowledged message at devB", 60_000, 50);
+  await waitFor(
+    async () => {
+      const r = (await (await fetch(`http://k/v1/channels/f.kill/messages?subscriber=check&from=earliest&max=10000&wait=500`, { unix: devB().socket } as RequestInit)).json()) as {
+        messages?: { id: string; seq: number }[];
+      };
+      for (const m of r.messages ?? []) seen.set(m.id, (seen.get(m.id) ?? 0) + 1);
+      if (r.messages?.length) {
+        await fetch(`http://k/v1/channels/f.kill/subscribers/check/ack`, {
+          method: "POST",
+          body: JSON.stringify({ seq: r.messages.at(-1)!.seq }),
+          headers: { "content-type": "application/json" },
+          unix: devB().socket,
+        } as RequestInit);
+      }
+      return [...want].every((id) => seen.has(id));
+    },
+    "every acknowledged message at devB",
+    60_000,
+    50,
+  );
 
   const missing = acked.filter((id) => !seen.has(id));
   const duplicates = [...seen.values()].filter((n) => n > 1).length;
@@ -100,7 +112,10 @@ test(`kill loop: ${KILLS} SIGKILLs across device -> hub -> device under load los
   expect(duplicates).toBe(0);
   // Every restart was clean: no process logged an error about its data.
   for (const [name, a] of running) {
-    const errors = a.logs().split("\n").filter((l) => l.includes('"level":"error"'));
+    const errors = a
+      .logs()
+      .split("\n")
+      .filter((l) => l.includes('"level":"error"'));
     expect({ name, errors }).toEqual({ name, errors: [] });
   }
 }, 240_000);

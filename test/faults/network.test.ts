@@ -17,7 +17,6 @@ const HEARTBEAT = 500;
 let hub: AgentProc, devA: AgentProc, devB: AgentProc;
 let proxy: FaultProxy;
 
-
 const api = (a: AgentProc, method: string, path: string, body?: string, type = "application/json") =>
   fetch(`http://k${path}`, { method, body, headers: { "content-type": type }, unix: a.socket } as RequestInit).then((r) => r.json() as Promise<any>);
 
@@ -34,14 +33,19 @@ async function publish(channel: string, n: number): Promise<string[]> {
 /** Reads `channel` on B from the start until `n` messages came (or the deadline); returns their ids. */
 async function arrived(channel: string, n: number, ms = 60_000): Promise<string[]> {
   const ids: string[] = [];
-  await waitFor(async () => {
-    const r = await api(devB, "GET", `/v1/channels/${channel}/messages?subscriber=check&from=earliest&max=10000&wait=200`);
-    if (r.messages?.length) {
-      ids.push(...r.messages.map((m: any) => m.id));
-      await api(devB, "POST", `/v1/channels/${channel}/subscribers/check/ack`, JSON.stringify({ seq: r.messages.at(-1).seq }));
-    }
-    return ids.length >= n;
-  }, `${n} messages of ${channel} at B`, ms, 20);
+  await waitFor(
+    async () => {
+      const r = await api(devB, "GET", `/v1/channels/${channel}/messages?subscriber=check&from=earliest&max=10000&wait=200`);
+      if (r.messages?.length) {
+        ids.push(...r.messages.map((m: any) => m.id));
+        await api(devB, "POST", `/v1/channels/${channel}/subscribers/check/ack`, JSON.stringify({ seq: r.messages.at(-1).seq }));
+      }
+      return ids.length >= n;
+    },
+    `${n} messages of ${channel} at B`,
+    ms,
+    20,
+  );
   return ids;
 }
 
@@ -57,7 +61,10 @@ beforeAll(async () => {
     writeFileSync(join(dir, `${n}.yaml`), tls(n) + fed + body);
     return join(dir, `${n}.yaml`);
   };
-  hub = await runAgent(join(dir, "hub"), ["--config", cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["n.>"]\n      subscribe: []\n    - name: devB\n      publish: []\n      subscribe: ["n.>"]\n`)]);
+  hub = await runAgent(join(dir, "hub"), [
+    "--config",
+    cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["n.>"]\n      subscribe: []\n    - name: devB\n      publish: []\n      subscribe: ["n.>"]\n`),
+  ]);
   devA = await runAgent(join(dir, "devA"), ["--config", cfg("devA", `links:\n  - hub: 127.0.0.1:${proxy.port}\n    publish: ["n.>"]\n    subscribe: []\n`)]);
   devB = await runAgent(join(dir, "devB"), ["--config", cfg("devB", `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["n.>"]\n`)]);
   await waitFor(async () => (await linkState()) === "open" && (await api(devB, "GET", "/v1/status")).links[0]?.state === "open", "links open", 20_000);

@@ -45,7 +45,10 @@ afterAll(async () => {
 /** The active segment of p.a in a copy, and the end offset of every record in it. */
 function segmentOf(dir: string): { path: string; ends: number[]; valid: number } {
   const chDir = join(dir, "data", "channels", "p.a");
-  const file = readdirSync(chDir).filter((f) => f.endsWith(".log")).sort().at(-1)!;
+  const file = readdirSync(chDir)
+    .filter((f) => f.endsWith(".log"))
+    .sort()
+    .at(-1)!;
   const path = join(chDir, file);
   const buf = readFileSync(path);
   const ends: number[] = [];
@@ -63,10 +66,17 @@ function segmentOf(dir: string): { path: string; ends: number[]; valid: number }
 async function readAll(a: AgentProc): Promise<number[]> {
   const out: number[] = [];
   while (true) {
-    const r = (await (await fetch(`http://k/v1/channels/p.a/messages?subscriber=verify&from=earliest&max=1000`, { unix: a.socket } as RequestInit)).json()) as { messages?: { seq: number; payload: { i: number } }[] };
+    const r = (await (await fetch(`http://k/v1/channels/p.a/messages?subscriber=verify&from=earliest&max=1000`, { unix: a.socket } as RequestInit)).json()) as {
+      messages?: { seq: number; payload: { i: number } }[];
+    };
     if (!r.messages?.length) return out;
     out.push(...r.messages.map((m) => m.payload.i));
-    await fetch(`http://k/v1/channels/p.a/subscribers/verify/ack`, { method: "POST", body: JSON.stringify({ seq: r.messages.at(-1)!.seq }), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit);
+    await fetch(`http://k/v1/channels/p.a/subscribers/verify/ack`, {
+      method: "POST",
+      body: JSON.stringify({ seq: r.messages.at(-1)!.seq }),
+      headers: { "content-type": "application/json" },
+      unix: a.socket,
+    } as RequestInit);
   }
 }
 
@@ -120,7 +130,12 @@ describe("power loss: damaged files at random positions", () => {
         const got = await readAll(a);
         // Nothing the damage did not touch lost, nothing invented, in order.
         expect({ round, at, got }).toEqual({ round, at, got: expected });
-        const r = await fetch("http://k/v1/channels/p.a/messages", { method: "POST", body: JSON.stringify({ type: "n", payload: { i: N + 1000 } }), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit);
+        const r = await fetch("http://k/v1/channels/p.a/messages", {
+          method: "POST",
+          body: JSON.stringify({ type: "n", payload: { i: N + 1000 } }),
+          headers: { "content-type": "application/json" },
+          unix: a.socket,
+        } as RequestInit);
         expect(((await r.json()) as { seq: number }).seq).toBe(nextSeq);
         expect(await readAll(a)).toEqual([N + 1000]); // right after what was kept
         // It said what it cut or lost, when there was something to cut or lose.

@@ -22,7 +22,6 @@ let hub: AgentProc;
 let ca: Awaited<ReturnType<typeof createCa>>;
 const DAY = 86_400_000;
 
-
 beforeAll(async () => {
   dir = tmpDir();
   ca = await createCa();
@@ -32,7 +31,10 @@ beforeAll(async () => {
   writeFileSync(join(dir, "hub.key"), hubCert.keyPem);
   port = freePort();
   const peers = ["good", "expired", "early", "ca-leaf", "no-eku", "rogue"].map((n) => `    - name: ${n}\n      publish: ["t.>"]\n      subscribe: []`).join("\n");
-  writeFileSync(join(dir, "hub.yaml"), `tls:\n  cert: ${dir}/hub.crt\n  key: ${dir}/hub.key\n  ca: ${dir}/ca.crt\naudit:\n  path: ${dir}/audit.log\nhub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers}\n`);
+  writeFileSync(
+    join(dir, "hub.yaml"),
+    `tls:\n  cert: ${dir}/hub.crt\n  key: ${dir}/hub.key\n  ca: ${dir}/ca.crt\naudit:\n  path: ${dir}/audit.log\nhub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers}\n`,
+  );
   hub = await runAgent(join(dir, "hub"), ["--config", join(dir, "hub.yaml")]);
 }, 60_000);
 

@@ -63,7 +63,10 @@ describe("AuditLog", () => {
     expect(a.droppedLines).toBe(0);
     mkdirSync(dir);
     await a.flush(10_000);
-    const lines = readFileSync(path, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+    const lines = readFileSync(path, "utf8")
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
     expect(lines.map((l) => l.reason)).toEqual(["x", "y"]);
     // Closing with lines still unwritable drops and counts them.
     const b = new AuditLog({ path: join(tmpDir(), "no", "such", "audit.log"), maxFileBytes: 1000, maxFiles: 2, logger: silentLogger });

@@ -27,7 +27,12 @@ describe("federation cursor clean-up", () => {
     m.openSubscriber("t.>", "_fed.recent", { create: false }).touch(t0 + 5 * DAY);
     // Eight days on: "gone" has not been seen for 8 days, "recent" for 3.
     expect((await fed.cleanupPeerCursors(t0 + 8 * DAY)).sort()).toEqual(["_fed.gone on cmd.>", "_fed.gone on t.>"]);
-    expect(m.subscribers().map((s) => s.name).sort()).toEqual(["_fed.recent", "app"]);
+    expect(
+      m
+        .subscribers()
+        .map((s) => s.name)
+        .sort(),
+    ).toEqual(["_fed.recent", "app"]);
     // Thirteen days on, "recent" is gone too; the application's subscriber is never touched by this.
     expect(await fed.cleanupPeerCursors(t0 + 13 * DAY)).toEqual(["_fed.recent on t.>"]);
     expect(m.subscribers().map((s) => s.name)).toEqual(["app"]);

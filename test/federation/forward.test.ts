@@ -8,7 +8,7 @@ import { RecentIds } from "../../src/federation/dedup.ts";
 import { cursorName, Forwarder } from "../../src/federation/forwarder.ts";
 import { batchFrame, type Ack } from "../../src/federation/messages.ts";
 import { Receiver } from "../../src/federation/receiver.ts";
-import { PeerSession, sessionHandler } from "../../src/federation/session.ts";
+import { type PeerSession, sessionHandler } from "../../src/federation/session.ts";
 import { createCa, issueCert } from "../../src/pki/certs.ts";
 import { connectMtls, MtlsServer } from "../../src/pki/mtls.ts";
 import { loadTlsMaterial, type TlsMaterial } from "../../src/pki/tls.ts";

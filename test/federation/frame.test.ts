@@ -1,19 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { encodeFrame, FrameDecoder, FrameError, FrameType, HEADER_BYTES, type Frame } from "../../src/federation/frame.ts";
-import {
-  ackFrame,
-  batchFrame,
-  closeFrame,
-  helloFrame,
-  parseAck,
-  parseBatch,
-  parseClose,
-  parseHello,
-  parsePing,
-  parseWelcome,
-  pingFrame,
-  welcomeFrame,
-} from "../../src/federation/messages.ts";
+import { ackFrame, batchFrame, closeFrame, helloFrame, parseAck, parseBatch, parseClose, parseHello, parsePing, parseWelcome, pingFrame, welcomeFrame } from "../../src/federation/messages.ts";
 
 const hex = (b: Uint8Array) => Buffer.from(b).toString("hex");
 const unhex = (h: string) => new Uint8Array(Buffer.from(h, "hex"));
@@ -70,7 +57,12 @@ describe("frame codec", () => {
       for (const size of sizes) {
         const records = Array.from({ length: count }, (_, i) => new Uint8Array(size).fill(i + 1));
         // Rising seqs across the integer forms: small ones, 16- and 32-bit, and (for 15) past 32 bits.
-        const list = count === 1 ? [seqs[sizes.indexOf(size)]!] : count === 15 ? Array.from({ length: 15 }, (_, i) => seqs[i % 8]! + Math.floor(i / 8) * 2 ** 33) : Array.from({ length: 16 }, (_, i) => 100 + i * 9_000);
+        const list =
+          count === 1
+            ? [seqs[sizes.indexOf(size)]!]
+            : count === 15
+              ? Array.from({ length: 15 }, (_, i) => seqs[i % 8]! + Math.floor(i / 8) * 2 ** 33)
+              : Array.from({ length: 16 }, (_, i) => 100 + i * 9_000);
         const bt = { batch: 70_000, channel: "c".repeat(count === 16 ? 40 : 3), seqs: list.sort((a, b) => a - b), records };
         const generic = encodeFrame(FrameType.BATCH, { n: bt.batch, c: bt.channel, s: bt.seqs, r: bt.records });
         const mine = batchFrame(bt);

@@ -3,7 +3,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { AuditLog } from "../../src/federation/audit.ts";
 import { ackFrame, batchFrame, helloFrame, type Welcome } from "../../src/federation/messages.ts";
-import { PeerSession, sessionHandler, type SessionEvents } from "../../src/federation/session.ts";
+import { type PeerSession, sessionHandler, type SessionEvents } from "../../src/federation/session.ts";
 import { createCa, issueCert, type CertAndKey } from "../../src/pki/certs.ts";
 import { connectMtls, MtlsServer } from "../../src/pki/mtls.ts";
 import { loadTlsMaterial, type TlsMaterial } from "../../src/pki/tls.ts";
@@ -127,10 +127,13 @@ describe("federation session", () => {
     const healthy = await client("dev1");
     // "silent" sends HELLO and then neither reads nor writes anything, as a vanished host would.
     const t0 = Date.now();
-    await connectMtls({ hostname: "127.0.0.1", port: hub.port, material: mats.silent!, logger: silentLogger }, {
-      open: (s) => void s.write(helloFrame({ versions: [1], name: "silent", mode: "link", publish: [], subscribe: [], heartbeatMs: HB, maxBatchBytes: 4096 })),
-      data: () => {},
-    });
+    await connectMtls(
+      { hostname: "127.0.0.1", port: hub.port, material: mats.silent!, logger: silentLogger },
+      {
+        open: (s) => void s.write(helloFrame({ versions: [1], name: "silent", mode: "link", publish: [], subscribe: [], heartbeatMs: HB, maxBatchBytes: 4096 })),
+        data: () => {},
+      },
+    );
     await waitFor(() => hubLog.closed.some((c) => c.startsWith("silent heartbeat")), "heartbeat close", 5000);
     const took = Date.now() - t0;
     expect(took).toBeGreaterThanOrEqual(3 * HB);

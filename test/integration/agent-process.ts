@@ -19,15 +19,20 @@ export async function runAgent(dir: string, extra: string[] = [], env: Record<st
   const dataDir = join(dir, "data");
   const socket = join(dir, "k.sock");
   const child = spawnLines([BUN, MAIN, "run", "--data-dir", dataDir, "--socket", socket, ...extra], env);
-  await waitFor(async () => {
-    if (child.proc.exitCode !== null || child.proc.signalCode !== null) throw new Error(`keyop run ended (exit ${child.proc.exitCode}, signal ${child.proc.signalCode}): ${child.stderr()}`);
-    if (!existsSync(socket)) return false;
-    try {
-      return (await fetch("http://k/healthz", { unix: socket } as RequestInit)).ok;
-    } catch {
-      return false;
-    }
-  }, "agent socket ready", 20_000, 20);
+  await waitFor(
+    async () => {
+      if (child.proc.exitCode !== null || child.proc.signalCode !== null) throw new Error(`keyop run ended (exit ${child.proc.exitCode}, signal ${child.proc.signalCode}): ${child.stderr()}`);
+      if (!existsSync(socket)) return false;
+      try {
+        return (await fetch("http://k/healthz", { unix: socket } as RequestInit)).ok;
+      } catch {
+        return false;
+      }
+    },
+    "agent socket ready",
+    20_000,
+    20,
+  );
   return { child, socket, dataDir, logs: child.stderr };
 }
 

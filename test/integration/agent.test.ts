@@ -40,7 +40,9 @@ async function storedIds(socket: string): Promise<string[]> {
   const ids: string[] = [];
   const name = `check${Date.now()}`;
   while (true) {
-    const r = (await (await fetch(`http://k/v1/channels/storm/messages?subscriber=${name}&from=earliest&max=5000`, { unix: socket } as RequestInit)).json()) as { messages: { id: string; seq: number }[] };
+    const r = (await (await fetch(`http://k/v1/channels/storm/messages?subscriber=${name}&from=earliest&max=5000`, { unix: socket } as RequestInit)).json()) as {
+      messages: { id: string; seq: number }[];
+    };
     if (r.messages.length === 0) return ids;
     ids.push(...r.messages.map((m) => m.id));
     await fetch(`http://k/v1/channels/storm/subscribers/${name}/ack`, { method: "POST", body: JSON.stringify({ seq: r.messages.at(-1)!.seq }), unix: socket } as RequestInit);
@@ -144,7 +146,7 @@ describe("keyop run as a process", () => {
     const cfg = join(dir, "k.yaml");
     writeFileSync(cfg, `name: board-7\nstorage:\n  data_dir: ${dir}/data\napi:\n  socket: ${dir}/k.sock\n  socket_mode: '0600'\nlog:\n  format: text\n  level: debug\n`);
     const agent = await runAgent(dir, ["--config", cfg]);
-    expect(agent.logs()).toMatch(/INFO  agent started name=board-7/);
+    expect(agent.logs()).toMatch(/INFO {2}agent started name=board-7/);
     const st = (await (await fetch("http://k/v1/status", { unix: agent.socket } as RequestInit)).json()) as { name: string };
     expect(st.name).toBe("board-7");
     agent.child.proc.kill("SIGTERM");
@@ -183,14 +185,18 @@ describe("keyop run as a process", () => {
 
   test("SIGHUP and SIGUSR2 the moment the socket file appears do not end the agent", async () => {
     const { child, socket, unwatch } = runSignalledAtSocket(["SIGHUP", "SIGUSR2"]);
-    await waitFor(async () => {
-      if (child.proc.exitCode !== null || child.proc.signalCode !== null) throw new Error(`keyop run ended: exit ${child.proc.exitCode}, signal ${child.proc.signalCode}`);
-      try {
-        return (await fetch("http://k/healthz", { unix: socket } as RequestInit)).ok;
-      } catch {
-        return false;
-      }
-    }, "agent socket ready", 20_000);
+    await waitFor(
+      async () => {
+        if (child.proc.exitCode !== null || child.proc.signalCode !== null) throw new Error(`keyop run ended: exit ${child.proc.exitCode}, signal ${child.proc.signalCode}`);
+        try {
+          return (await fetch("http://k/healthz", { unix: socket } as RequestInit)).ok;
+        } catch {
+          return false;
+        }
+      },
+      "agent socket ready",
+      20_000,
+    );
     unwatch();
     // Both signals were answered, not taken as the default "end the process".
     await waitFor(() => child.stderr().includes("memory after a full collection"), "the SIGUSR2 log line");
@@ -208,7 +214,14 @@ describe("keyop run as a process", () => {
       await fetch("http://k/v1/channels/gc.t/messages", { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: agent.socket } as RequestInit);
     }
     agent.child.proc.kill("SIGUSR2");
-    const line = await waitFor(() => agent.logs().split("\n").find((l) => l.includes("memory after a full collection")), "the memory line");
+    const line = await waitFor(
+      () =>
+        agent
+          .logs()
+          .split("\n")
+          .find((l) => l.includes("memory after a full collection")),
+      "the memory line",
+    );
     const m = JSON.parse(line!) as { rss_mb: number; heap_used_mb: number; external_mb: number };
     expect(m.rss_mb).toBeGreaterThan(10);
     expect(m.heap_used_mb).toBeGreaterThan(0);

@@ -22,19 +22,24 @@ async function run(cmd: string[], extraEnv: Record<string, string> = {}) {
   const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
   return { out, err, code };
 }
-const channelInfo = async (ch: string) =>
-  ((await (await fetch("http://k/v1/channels", { unix: agent.socket } as RequestInit)).json()) as { channels: any[] }).channels.find((c) => c.channel === ch);
+const channelInfo = async (ch: string) => ((await (await fetch("http://k/v1/channels", { unix: agent.socket } as RequestInit)).json()) as { channels: any[] }).channels.find((c) => c.channel === ch);
 
 describe("examples in other languages", () => {
   test("Python (stdlib only): publisher, then streaming subscriber with acks", async () => {
     const pub = await run(["python3", join(EXAMPLES, "python/publish.py"), "py.readings", "25"]);
     expect(pub.err).toBe("");
     expect(pub.code).toBe(0);
-    const receipts = pub.out.trim().split("\n").map((l) => JSON.parse(l));
+    const receipts = pub.out
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
     expect(receipts.map((r) => r.seq)).toEqual(Array.from({ length: 25 }, (_, i) => i + 1));
     const sub = await run(["python3", join(EXAMPLES, "python/subscribe.py"), "py.readings", "py-reader", "25"]);
     expect(sub.code).toBe(0);
-    const got = sub.out.trim().split("\n").map((l) => JSON.parse(l));
+    const got = sub.out
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
     expect(got.map((m) => m.payload.n)).toEqual(Array.from({ length: 25 }, (_, i) => i));
     expect(got.map((m) => m.id)).toEqual(receipts.map((r) => r.id));
     await waitFor(async () => (await channelInfo("py.readings")).subscribers.find((s: any) => s.name === "py-reader")?.cursor === 26, "python acks applied");
@@ -71,15 +76,30 @@ describe("CLI", () => {
     expect(JSON.parse(one.out)).toMatchObject({ channel: "cli.a", seq: 1 });
     const many = await cli(["pub", "cli.a", "-"], { env: env(), stdin: '{"x":2}\n\n{"x":3}\n"four"' });
     expect(many.code).toBe(0);
-    expect(many.out.trim().split("\n").map((l) => JSON.parse(l).seq)).toEqual([2, 3, 4]);
+    expect(
+      many.out
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l).seq),
+    ).toEqual([2, 3, 4]);
     const peek = await cli(["pull", "cli.a", "--name", "reader", "--no-ack", "--max", "2"], { env: env() });
     expect(peek.out).toBe(""); // a new subscriber starts at latest
     expect(peek.err).toContain("a new subscriber starts at latest (--from earliest reads cli.a from its start)");
     await cli(["pub", "cli.a", "5"], { env: env() });
     let p = await cli(["pull", "cli.a", "--name", "reader", "--no-ack"], { env: env() });
-    expect(p.out.trim().split("\n").map((l) => JSON.parse(l).payload)).toEqual([5]);
+    expect(
+      p.out
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l).payload),
+    ).toEqual([5]);
     p = await cli(["pull", "cli.a", "--name", "reader"], { env: env() });
-    expect(p.out.trim().split("\n").map((l) => JSON.parse(l).payload)).toEqual([5]);
+    expect(
+      p.out
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l).payload),
+    ).toEqual([5]);
     p = await cli(["pull", "cli.a", "--name", "reader", "--wait", "0.2"], { env: env() });
     expect(p.out).toBe("");
     const first = JSON.parse(one.out);
@@ -89,12 +109,27 @@ describe("CLI", () => {
     expect(((await hist.json()) as any).messages[0]).toMatchObject({ id: first.id, type: "demo", correlation_id: "c9", service_name: "svc" });
     // --from, as for sub: a new name reads from the start, or from a seq.
     const early = await cli(["pull", "cli.a", "--name", "early", "--from", "earliest", "--max", "2"], { env: env() });
-    expect(early.out.trim().split("\n").map((l) => JSON.parse(l).seq)).toEqual([1, 2]);
+    expect(
+      early.out
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l).seq),
+    ).toEqual([1, 2]);
     expect(early.err).toBe("");
     const next = await cli(["pull", "cli.a", "--name", "early"], { env: env() });
-    expect(next.out.trim().split("\n").map((l) => JSON.parse(l).seq)).toEqual([3, 4, 5]);
+    expect(
+      next.out
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l).seq),
+    ).toEqual([3, 4, 5]);
     const at = await cli(["pull", "cli.a", "--name", "at4", "--from", "4"], { env: env() });
-    expect(at.out.trim().split("\n").map((l) => JSON.parse(l).seq)).toEqual([4, 5]);
+    expect(
+      at.out
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l).seq),
+    ).toEqual([4, 5]);
     const bad = await cli(["pull", "cli.a", "--name", "x", "--from", "soon"], { env: env() });
     expect(bad.code).toBe(2);
     expect(bad.err).toContain("--from must be earliest, latest or a seq >= 1");
@@ -104,7 +139,12 @@ describe("CLI", () => {
     for (let i = 1; i <= 3; i++) await cli(["pub", "cli.sub", String(i)], { env: env() });
     const r = await cli(["sub", "cli.sub", "--name", "s1", "--from", "earliest", "--max", "3", "--socket", agent.socket]);
     expect(r.code).toBe(0);
-    expect(r.out.trim().split("\n").map((l) => JSON.parse(l).payload)).toEqual([1, 2, 3]);
+    expect(
+      r.out
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l).payload),
+    ).toEqual([1, 2, 3]);
     expect((await channelInfo("cli.sub")).subscribers.find((s: any) => s.name === "s1").cursor).toBe(4);
   });
 
@@ -112,7 +152,10 @@ describe("CLI", () => {
     const work = tmpDir();
     const script = join(work, "handler.sh");
     // Fails the first time it sees seq 2, then succeeds; records every envelope it handled.
-    writeFileSync(script, `#!/bin/sh\nset -e\ncat > "${work}/last.json"\nif [ "$KEYOP_SEQ" = 2 ] && [ ! -e "${work}/failed-once" ]; then touch "${work}/failed-once"; exit 3; fi\necho "$KEYOP_CHANNEL $KEYOP_SEQ" >> "${work}/done.txt"\n`);
+    writeFileSync(
+      script,
+      `#!/bin/sh\nset -e\ncat > "${work}/last.json"\nif [ "$KEYOP_SEQ" = 2 ] && [ ! -e "${work}/failed-once" ]; then touch "${work}/failed-once"; exit 3; fi\necho "$KEYOP_CHANNEL $KEYOP_SEQ" >> "${work}/done.txt"\n`,
+    );
     for (let i = 1; i <= 3; i++) await cli(["pub", "cli.exec", String(i)], { env: env() });
     const r = await cli(["sub", "cli.exec", "--name", "x", "--from", "earliest", "--exec", `sh ${script}`, "--max", "3"], { env: env() });
     expect(r.code).toBe(0);

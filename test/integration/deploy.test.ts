@@ -77,7 +77,9 @@ describe("deployment", () => {
     const first = run(["--role", "device"]);
     expect(first.exitCode).toBe(0);
     expect(first.stdout.toString()).toContain("created user keyop");
-    const passwd = readFileSync(join(root, "etc", "passwd"), "utf8").split("\n").find((l) => l.startsWith("keyop:"))!;
+    const passwd = readFileSync(join(root, "etc", "passwd"), "utf8")
+      .split("\n")
+      .find((l) => l.startsWith("keyop:"))!;
     const [, , uid, gid, , home] = passwd.split(":");
     expect(home).toBe("/var/lib/keyop");
     const snap = snapshot(root);

@@ -8,9 +8,10 @@ import { freePort, tmpDir, waitFor } from "../helpers.ts";
 import { cli, runAgent, type AgentProc } from "./agent-process.ts";
 import { FaultProxy } from "./fault-proxy.ts";
 
-
 const api = (a: AgentProc, method: string, path: string, body?: unknown) =>
-  fetch(`http://k${path}`, { method, body: body === undefined ? undefined : JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit).then((r) => r.json() as Promise<any>);
+  fetch(`http://k${path}`, { method, body: body === undefined ? undefined : JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit).then(
+    (r) => r.json() as Promise<any>,
+  );
 
 let dir: string;
 let pki: string;
@@ -94,7 +95,12 @@ describe("EphemeralMessenger against a keyop hub process", () => {
     expect(svcGot.map((m) => m.id)).toEqual([marker.id]);
     // No cursor of either ephemeral peer is kept at the hub.
     expect(readdirSync(join(hub.dataDir, "subscribers")).filter((f) => f.includes("svc") || f.includes("dash") || f.includes("_eph"))).toEqual([]);
-    expect((await api(hub, "GET", "/v1/status")).links.filter((l: any) => l.kind === "ephemeral").map((l: any) => l.peer).sort()).toEqual(["dash", "svc"]);
+    expect(
+      (await api(hub, "GET", "/v1/status")).links
+        .filter((l: any) => l.kind === "ephemeral")
+        .map((l: any) => l.peer)
+        .sort(),
+    ).toEqual(["dash", "svc"]);
     await svc.close();
 
     // The hub restarts; what is published while dash is away is never delivered to it. Dash's
@@ -124,7 +130,12 @@ describe("EphemeralMessenger against a keyop hub process", () => {
       await em.publish("orders.new", "order", "before");
       // The path goes silent: these are sent and never acknowledged; then the hub dies.
       proxy.blackholed = true;
-      const pending = Array.from({ length: 20 }, (_, i) => em.publish("orders.new", "order", { lost: i }).then((r) => r, (e) => e));
+      const pending = Array.from({ length: 20 }, (_, i) =>
+        em.publish("orders.new", "order", { lost: i }).then(
+          (r) => r,
+          (e) => e,
+        ),
+      );
       await Bun.sleep(50);
       await stopHub("SIGKILL");
       proxy.cut();

@@ -7,21 +7,26 @@ import { FaultProxy } from "./fault-proxy.ts";
 import { FrameDecoder } from "../../src/federation/frame.ts";
 import { helloFrame, parseClose } from "../../src/federation/messages.ts";
 
-
 const api = (a: AgentProc, method: string, path: string, body?: unknown) =>
-  fetch(`http://k${path}`, { method, body: body === undefined ? undefined : JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit).then((r) => r.json() as Promise<any>);
+  fetch(`http://k${path}`, { method, body: body === undefined ? undefined : JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit).then(
+    (r) => r.json() as Promise<any>,
+  );
 
 /** Pulls and acks on `a` until `n` messages of `channel` came, or the deadline passes. */
 async function collect(a: AgentProc, channel: string, sub: string, n: number, timeoutMs: number): Promise<any[]> {
   const got: any[] = [];
-  await waitFor(async () => {
-    const r = await api(a, "GET", `/v1/channels/${channel}/messages?subscriber=${sub}&from=earliest&max=10000&wait=1000`);
-    if (r.messages?.length) {
-      got.push(...r.messages);
-      await api(a, "POST", `/v1/channels/${channel}/subscribers/${sub}/ack`, { seq: r.messages.at(-1).seq });
-    }
-    return got.length >= n;
-  }, `${n} messages of ${channel}`, timeoutMs);
+  await waitFor(
+    async () => {
+      const r = await api(a, "GET", `/v1/channels/${channel}/messages?subscriber=${sub}&from=earliest&max=10000&wait=1000`);
+      if (r.messages?.length) {
+        got.push(...r.messages);
+        await api(a, "POST", `/v1/channels/${channel}/subscribers/${sub}/ack`, { seq: r.messages.at(-1).seq });
+      }
+      return got.length >= n;
+    },
+    `${n} messages of ${channel}`,
+    timeoutMs,
+  );
   return got;
 }
 
@@ -57,7 +62,8 @@ beforeAll(async () => {
   dir = tmpDir();
   const pki = join(dir, "pki");
   expect((await cli(["cert", "ca", "--out-dir", pki])).code).toBe(0);
-  for (const n of ["hub", "devA", "devB", "relay", "devC", "devD", "raw", "stranger", "late"]) expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
+  for (const n of ["hub", "devA", "devB", "relay", "devC", "devD", "raw", "stranger", "late"])
+    expect((await cli(["cert", "issue", "--name", n, "--ca-dir", pki, "--out-dir", pki, "--ip", "127.0.0.1"])).code).toBe(0);
   port = freePort();
   const tls = (n: string) => `tls:\n  cert: ${pki}/${n}.crt\n  key: ${pki}/${n}.key\n  ca: ${pki}/ca.crt\n`;
   const fed = "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 1s\n";
@@ -66,11 +72,17 @@ beforeAll(async () => {
     writeFileSync(f, tls(n) + fed + `audit:\n  path: ${dir}/${n}-audit.log\n` + body);
     return f;
   };
-  const hubCfg = cfg("hub", `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["t.>"]\n      subscribe: ["cmd.devA.>"]\n    - name: devB\n      publish: []\n      subscribe: ["t.>"]\n    - name: relay\n      publish: ["chain.>"]\n      subscribe: []\n    - name: devD\n      publish: ["t.>"]\n      subscribe: []\n    - name: raw\n      publish: []\n      subscribe: []\n    - name: late\n      publish: []\n      subscribe: ["cmd.late.>"]\n`);
+  const hubCfg = cfg(
+    "hub",
+    `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - name: devA\n      publish: ["t.>"]\n      subscribe: ["cmd.devA.>"]\n    - name: devB\n      publish: []\n      subscribe: ["t.>"]\n    - name: relay\n      publish: ["chain.>"]\n      subscribe: []\n    - name: devD\n      publish: ["t.>"]\n      subscribe: []\n    - name: raw\n      publish: []\n      subscribe: []\n    - name: late\n      publish: []\n      subscribe: ["cmd.late.>"]\n`,
+  );
   const aCfg = cfg("devA", `links:\n  - hub: 127.0.0.1:${port}\n    publish: ["t.>", "secret.>"]\n    subscribe: ["cmd.devA.>"]\n    start: earliest\n`);
   const bCfg = cfg("devB", `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["t.>"]\n`);
   relayPort = freePort();
-  const relayCfg = cfg("relay", `hub:\n  listen: 127.0.0.1:${relayPort}\n  peers:\n    - name: devC\n      publish: ["chain.>"]\n      subscribe: []\nlinks:\n  - hub: 127.0.0.1:${port}\n    publish: ["chain.>"]\n    subscribe: []\n`);
+  const relayCfg = cfg(
+    "relay",
+    `hub:\n  listen: 127.0.0.1:${relayPort}\n  peers:\n    - name: devC\n      publish: ["chain.>"]\n      subscribe: []\nlinks:\n  - hub: 127.0.0.1:${port}\n    publish: ["chain.>"]\n    subscribe: []\n`,
+  );
   const cCfg = cfg("devC", `links:\n  - hub: 127.0.0.1:${relayPort}\n    publish: ["chain.>"]\n    subscribe: []\n`);
   hub = await runAgent(join(dir, "hub"), ["--config", hubCfg]);
   devA = await runAgent(join(dir, "devA"), ["--config", aCfg]);
@@ -79,10 +91,14 @@ beforeAll(async () => {
   devC = await runAgent(join(dir, "devC"), ["--config", cCfg]);
   proxy = new FaultProxy(port);
   devD = await runAgent(join(dir, "devD"), ["--config", cfg("devD", `links:\n  - hub: 127.0.0.1:${proxy.port}\n    publish: ["t.>"]\n    subscribe: []\n`)]);
-  await waitFor(async () => {
-    const st = await api(hub, "GET", "/v1/status");
-    return st.links.filter((l: any) => l.kind === "peer" && l.state === "open").length === 4;
-  }, "devices A, B, D and the relay connected to the hub", 20_000);
+  await waitFor(
+    async () => {
+      const st = await api(hub, "GET", "/v1/status");
+      return st.links.filter((l: any) => l.kind === "peer" && l.state === "open").length === 4;
+    },
+    "devices A, B, D and the relay connected to the hub",
+    20_000,
+  );
 }, 60_000);
 
 afterAll(async () => {
@@ -124,7 +140,10 @@ describe("federation between keyop run processes", () => {
     for (let i = 0; i < 3; i++) before.push((await api(hub, "POST", "/v1/channels/cmd.late.set/messages", { type: "cmd", payload: i })).id);
     const pki = join(dir, "pki");
     const f = join(dir, "late.yaml");
-    writeFileSync(f, `tls:\n  cert: ${pki}/late.crt\n  key: ${pki}/late.key\n  ca: ${pki}/ca.crt\nlinks:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["cmd.late.>"]\n    start: earliest\n`);
+    writeFileSync(
+      f,
+      `tls:\n  cert: ${pki}/late.crt\n  key: ${pki}/late.key\n  ca: ${pki}/ca.crt\nlinks:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ["cmd.late.>"]\n    start: earliest\n`,
+    );
     const late = await runAgent(join(dir, "late"), ["--config", f]);
     try {
       const got = await collect(late, "cmd.late.set", "s", 3, 15_000);
@@ -137,7 +156,16 @@ describe("federation between keyop run processes", () => {
 
   test("a channel outside devA's publish rules is dropped at the hub and audited", async () => {
     await api(devA, "POST", "/v1/channels/secret.plans/messages", { type: "t", payload: 1 });
-    await waitFor(async () => (await Bun.file(join(dir, "hub-audit.log")).text().catch(() => "")).includes('"event":"policy_violation"'), "policy violation audited", 10_000);
+    await waitFor(
+      async () =>
+        (
+          await Bun.file(join(dir, "hub-audit.log"))
+            .text()
+            .catch(() => "")
+        ).includes('"event":"policy_violation"'),
+      "policy violation audited",
+      10_000,
+    );
     expect((await api(hub, "GET", "/v1/channels")).channels.map((c: any) => c.channel)).not.toContain("secret.plans");
   }, 30_000);
 
@@ -168,13 +196,22 @@ describe("federation between keyop run processes", () => {
     const refusal = parseClose(new FrameDecoder(1 << 16).push(await rawClient("stranger", hello))[0]!);
     expect(refusal).toEqual({ code: "unknown_peer", reason: 'unknown peer "stranger" (not in hub.peers)' });
     await rawClient("raw", new TextEncoder().encode("GET / HTTP/1.1\r\nHost: hub\r\n\r\n".repeat(10)));
-    const audit = async () => (await Bun.file(join(dir, "hub-audit.log")).text()).trim().split("\n").map((l) => JSON.parse(l));
+    const audit = async () =>
+      (await Bun.file(join(dir, "hub-audit.log")).text())
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l));
     await waitFor(async () => (await audit()).some((e) => e.event === "malformed_frame" && e.peer === "raw"), "garbage audited");
     const events = await audit();
     expect(events.some((e) => e.event === "peer_rejected" && String(e.reason).includes('unknown peer "stranger"'))).toBe(true);
     // Everyone else is still connected and messages still flow A -> hub -> B.
     const st = await api(hub, "GET", "/v1/status");
-    expect(st.links.filter((l: any) => l.kind === "peer" && l.state === "open").map((l: any) => l.peer).sort()).toEqual(["devA", "devB", "devD", "relay"]);
+    expect(
+      st.links
+        .filter((l: any) => l.kind === "peer" && l.state === "open")
+        .map((l: any) => l.peer)
+        .sort(),
+    ).toEqual(["devA", "devB", "devD", "relay"]);
     const r = await api(devA, "POST", "/v1/channels/t.after-garbage/messages", { type: "n", payload: 1 });
     const got = await api(devB, "GET", "/v1/channels/t.after-garbage/messages?subscriber=s&from=earliest&wait=10000");
     expect(got.messages[0]?.id).toBe(r.id);
@@ -187,7 +224,9 @@ describe("federation between keyop run processes", () => {
     const ids: string[] = [];
     for (let b = 0; b < 10; b++) {
       const body = Array.from({ length: 1000 }, (_, i) => JSON.stringify({ type: "n", payload: b * 1000 + i })).join("\n");
-      const r = (await fetch("http://k/v1/channels/t.offline/messages", { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: devA.socket } as RequestInit).then((x) => x.json())) as { results: { id: string }[] };
+      const r = (await fetch("http://k/v1/channels/t.offline/messages", { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: devA.socket } as RequestInit).then((x) =>
+        x.json(),
+      )) as { results: { id: string }[] };
       ids.push(...r.results.map((x) => x.id));
     }
     // While the hub is down, the link's status says what waits for it.
@@ -230,7 +269,9 @@ describe("federation between keyop run processes", () => {
     const publishing = (async () => {
       for (let b = 0; b < 20; b++) {
         const body = Array.from({ length: 250 }, (_, i) => JSON.stringify({ type: "n", payload: b * 250 + i })).join("\n");
-        const r = (await fetch("http://k/v1/channels/t.faults/messages", { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: devD.socket } as RequestInit).then((x) => x.json())) as { results: { id: string }[] };
+        const r = (await fetch("http://k/v1/channels/t.faults/messages", { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: devD.socket } as RequestInit).then((x) =>
+          x.json(),
+        )) as { results: { id: string }[] };
         ids.push(...r.results.map((x) => x.id));
         await Bun.sleep(20);
       }
@@ -261,4 +302,3 @@ describe("federation between keyop run processes", () => {
     expect(got.messages[0]?.id).toBe(r.id);
   }, 60_000);
 });
-

@@ -1,5 +1,4 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { join } from "node:path";
 import { ApiError, LocalClient, UnreachableError } from "../../src/client/local-client.ts";
 import type { Message } from "../../src/index.ts";
 import { tmpDir, waitFor } from "../helpers.ts";
@@ -23,7 +22,10 @@ afterAll(async () => {
 describe("LocalClient against a keyop run process", () => {
   test("publish, publishBatch, pull and ack give the library's Message shape", async () => {
     const one = await client.publish("lc.a", "reading", { c: 1 }, { correlationId: "corr", serviceName: "svc" });
-    const many = await client.publishBatch("lc.a", [{ type: "reading", payload: 2 }, { type: "reading", payload: 3 }]);
+    const many = await client.publishBatch("lc.a", [
+      { type: "reading", payload: 2 },
+      { type: "reading", payload: 3 },
+    ]);
     expect(many.map((r) => r.seq)).toEqual([one.seq + 1, one.seq + 2]);
     const got = await client.pull("lc.a", "p", { from: "earliest", max: 10 });
     expect(got.map((m) => m.payload)).toEqual([{ c: 1 }, 2, 3]);

@@ -62,10 +62,15 @@ describe("MQTT listener", () => {
     // Publish until the subscription is in place and the message comes through.
     let out = "";
     const reading = new Response(sub.stdout).text().then((t) => (out = t));
-    await waitFor(async () => {
-      await api("POST", "/v1/channels/sensors.hall.temp/messages", JSON.stringify({ type: "reading", payload: { celsius: 19 } }));
-      return out !== "" || (await Promise.race([reading.then(() => true), Bun.sleep(100).then(() => false)]));
-    }, "mosquitto_sub got a message", 10_000, 0);
+    await waitFor(
+      async () => {
+        await api("POST", "/v1/channels/sensors.hall.temp/messages", JSON.stringify({ type: "reading", payload: { celsius: 19 } }));
+        return out !== "" || (await Promise.race([reading.then(() => true), Bun.sleep(100).then(() => false)]));
+      },
+      "mosquitto_sub got a message",
+      10_000,
+      0,
+    );
     expect(await sub.exited).toBe(0);
     expect(out.trim()).toBe('{"celsius":19}');
   });
@@ -184,7 +189,11 @@ describe("MQTT listener", () => {
     expect((await api("GET", "/v1/channels")).channels.some((c: any) => c.channel === "big.one")).toBe(false);
     // Garbage instead of MQTT.
     const junk = await new Promise<boolean>((resolve) => {
-      Bun.connect({ hostname: "127.0.0.1", port, socket: { open: (s) => void s.write("GET / HTTP/1.1\r\n\r\n\xff\xff\xff"), data() {}, close: () => resolve(true), error: () => resolve(true) } }).catch(() => resolve(false));
+      Bun.connect({
+        hostname: "127.0.0.1",
+        port,
+        socket: { open: (s) => void s.write("GET / HTTP/1.1\r\n\r\n\xff\xff\xff"), data() {}, close: () => resolve(true), error: () => resolve(true) },
+      }).catch(() => resolve(false));
     });
     expect(junk).toBe(true);
     // Still serving.
@@ -229,7 +238,10 @@ describe("MQTT DUP across keyop restarts", () => {
     await post("one");
     await post("two");
     await waitFor(() => c.got.length === 2, "two messages");
-    expect(c.got).toEqual([{ payload: "one", dup: false }, { payload: "two", dup: false }]);
+    expect(c.got).toEqual([
+      { payload: "one", dup: false },
+      { payload: "two", dup: false },
+    ]);
     c.close();
     for (const signal of ["SIGTERM", "SIGKILL"] as const) {
       agent.child.proc.kill(signal);
@@ -241,7 +253,11 @@ describe("MQTT DUP across keyop restarts", () => {
       c.close();
       if (signal === "SIGTERM") {
         // A clean stop saved exactly what went out.
-        expect(c.got).toEqual([{ payload: "one", dup: true }, { payload: "two", dup: true }, { payload: "SIGTERM", dup: false }]);
+        expect(c.got).toEqual([
+          { payload: "one", dup: true },
+          { payload: "two", dup: true },
+          { payload: "SIGTERM", dup: false },
+        ]);
       } else {
         // After a crash all that was stored before the restart counts as maybe sent; the new one does not.
         expect(c.got).toEqual([
@@ -266,14 +282,21 @@ describe("MQTT subscribe again", () => {
     // Back without subscribing: the kept session resends what was not acknowledged, with DUP.
     c = await rawNoAck("resubber", null);
     await waitFor(() => c.got.length === 2, "the two again");
-    expect(c.got).toEqual([{ payload: "one", dup: true }, { payload: "two", dup: true }]);
+    expect(c.got).toEqual([
+      { payload: "one", dup: true },
+      { payload: "two", dup: true },
+    ]);
     // The same filter again (a client that always subscribes on connect): MQTT-3.8.4-3, the flow is not
     // interrupted, so what is in flight is not sent a second time; new messages keep coming.
     await c.subscribe("resub/#");
     await post("three");
     // In order per channel: a second copy of one or two would come before three.
     await waitFor(() => c.got.some((m) => m.payload === "three"), "the third");
-    expect(c.got).toEqual([{ payload: "one", dup: true }, { payload: "two", dup: true }, { payload: "three", dup: false }]);
+    expect(c.got).toEqual([
+      { payload: "one", dup: true },
+      { payload: "two", dup: true },
+      { payload: "three", dup: false },
+    ]);
     c.close();
   });
 });
@@ -288,7 +311,13 @@ describe("MQTT across a hub", () => {
       writeFileSync(join(d, `${n}.yaml`), tls(n) + body);
       return join(d, `${n}.yaml`);
     };
-    const hub = await runAgent(join(d, "hub"), ["--config", cfg("hub", `hub:\n  listen: 127.0.0.1:${hubPort}\n  peers:\n    - name: devA\n      publish: ["plant.>"]\n      subscribe: []\n    - name: devB\n      publish: []\n      subscribe: ["plant.>"]\n`)]);
+    const hub = await runAgent(join(d, "hub"), [
+      "--config",
+      cfg(
+        "hub",
+        `hub:\n  listen: 127.0.0.1:${hubPort}\n  peers:\n    - name: devA\n      publish: ["plant.>"]\n      subscribe: []\n    - name: devB\n      publish: []\n      subscribe: ["plant.>"]\n`,
+      ),
+    ]);
     const a = await runAgent(join(d, "a"), ["--config", cfg("devA", `mqtt:\n  listen: 127.0.0.1:${mqttA}\nlinks:\n  - hub: 127.0.0.1:${hubPort}\n    publish: ["plant.>"]\n    subscribe: []\n`)]);
     const b = await runAgent(join(d, "b"), ["--config", cfg("devB", `mqtt:\n  listen: 127.0.0.1:${mqttB}\nlinks:\n  - hub: 127.0.0.1:${hubPort}\n    publish: []\n    subscribe: ["plant.>"]\n`)]);
     try {
@@ -315,9 +344,13 @@ describe("MQTT users", () => {
     expect(hash.code).toBe(0);
     expect(hash.out.startsWith("$argon2id$")).toBe(true);
     const p = freePort();
-    writeFileSync(join(d, "k.yaml"), `mqtt:\n  listen: 127.0.0.1:${p}\n  users:\n    - name: sensor\n      password_hash: "${hash.out.trim()}"\n      publish: ["sensors.>"]\n      subscribe: ["cmd.sensor.>"]\n`);
+    writeFileSync(
+      join(d, "k.yaml"),
+      `mqtt:\n  listen: 127.0.0.1:${p}\n  users:\n    - name: sensor\n      password_hash: "${hash.out.trim()}"\n      publish: ["sensors.>"]\n      subscribe: ["cmd.sensor.>"]\n`,
+    );
     const a = await runAgent(join(d, "a"), ["--config", join(d, "k.yaml")]);
-    const post = (path: string, body: unknown) => fetch(`http://k${path}`, { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit);
+    const post = (path: string, body: unknown) =>
+      fetch(`http://k${path}`, { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" }, unix: a.socket } as RequestInit);
     try {
       const wrong = await mqtt.connectAsync(`mqtt://127.0.0.1:${p}`, { username: "sensor", password: "nope", reconnectPeriod: 0 }).catch((e) => e);
       expect(wrong.code).toBe(4); // bad user name or password (3.1.1)
@@ -335,7 +368,7 @@ describe("MQTT users", () => {
       await post("/v1/channels/cmd.sensor.go/messages", { type: "c", payload: 2 });
       await waitFor(() => got.length >= 1, "the sensor's command");
       expect(got).toEqual(["cmd/sensor/go"]);
-      const stored = await (await fetch("http://k/v1/channels", { unix: a.socket } as RequestInit)).json() as { channels: { channel: string }[] };
+      const stored = (await (await fetch("http://k/v1/channels", { unix: a.socket } as RequestInit)).json()) as { channels: { channel: string }[] };
       expect(stored.channels.map((x) => x.channel).sort()).toEqual(["cmd.other.go", "cmd.sensor.go", "sensors.t1"]);
     } finally {
       a.child.proc.kill("SIGTERM");

@@ -2,8 +2,7 @@ import { describe, expect, test } from "bun:test";
 import { Messenger, RetryLater, type Message, type MessengerConfig } from "../../src/index.ts";
 import { tmpDir, waitFor } from "../helpers.ts";
 
-const open = (dir = tmpDir(), extra: Partial<MessengerConfig> = {}) =>
-  Messenger.open({ name: "dev1", ...extra, storage: { ...extra.storage, dataDir: dir } });
+const open = (dir = tmpDir(), extra: Partial<MessengerConfig> = {}) => Messenger.open({ name: "dev1", ...extra, storage: { ...extra.storage, dataDir: dir } });
 
 describe("publish", () => {
   test("returns id and seq after the write; the envelope is stamped as SPEC §2", async () => {
@@ -65,7 +64,11 @@ describe("publish", () => {
       { channel: "b", type: "t", payload: 2 },
       { channel: "a", type: "t", payload: 3 },
     ]);
-    expect(rs.map((r) => [r.channel, r.seq])).toEqual([["a", 1], ["b", 1], ["a", 2]]);
+    expect(rs.map((r) => [r.channel, r.seq])).toEqual([
+      ["a", 1],
+      ["b", 1],
+      ["a", 2],
+    ]);
     expect(m.stats().latency.fsync.count).toBeLessThanOrEqual(2 + 2); // one per channel, plus channel creation slack
     await m.close();
   });
@@ -198,9 +201,14 @@ describe("subscribe", () => {
     const m = await open(tmpDir(), { storage: { dataDir: "", segmentBytes: 4096, retention: { maxBytes: 8192 }, retentionCheckMs: 3_600_000 } });
     await m.publish("c", "t", "first");
     // A subscriber that never gets past seq 1 pins the log...
-    let sub = await m.subscribe("c", "behind", () => {
-      throw new RetryLater(60_000);
-    }, { from: "earliest" });
+    let sub = await m.subscribe(
+      "c",
+      "behind",
+      () => {
+        throw new RetryLater(60_000);
+      },
+      { from: "earliest" },
+    );
     for (let i = 0; i < 200; i++) await m.publish("c", "t", "x".repeat(100));
     await m.runRetention();
     const first = m.stats().channels[0]!.firstSeq;

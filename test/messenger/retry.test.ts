@@ -98,7 +98,12 @@ describe("retries and dead letters", () => {
     await m.publish("x", "t", 1);
     await waitFor(() => dlCalls === 3, "dead letter handler retried");
     await waitFor(() => m.stats().channels.find((c) => c.channel === "x.dead-letter")?.subscribers[0]?.lag === 0, "dead letter consumed");
-    expect(m.stats().channels.map((c) => c.channel).sort()).toEqual(["x", "x.dead-letter"]);
+    expect(
+      m
+        .stats()
+        .channels.map((c) => c.channel)
+        .sort(),
+    ).toEqual(["x", "x.dead-letter"]);
     await m.close();
   });
 });

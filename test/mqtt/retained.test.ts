@@ -14,8 +14,14 @@ describe("RetainedStore", () => {
     await s.set("home.door", new TextEncoder().encode("closed"), 1);
     await s.set("home.door", new TextEncoder().encode("open"), 2);
     await s.set("home.light", new TextEncoder().encode("on"), 0);
-    expect(all(s)).toEqual([["home.door", "open", 1], ["home.light", "on", 0]]);
-    expect(all(await RetainedStore.open(dir)).sort()).toEqual([["home.door", "open", 1], ["home.light", "on", 0]]);
+    expect(all(s)).toEqual([
+      ["home.door", "open", 1],
+      ["home.light", "on", 0],
+    ]);
+    expect(all(await RetainedStore.open(dir)).sort()).toEqual([
+      ["home.door", "open", 1],
+      ["home.light", "on", 0],
+    ]);
     expect(readdirSync(dir).sort()).toEqual(["home.door.retained1", "home.light.retained"]);
   });
 
@@ -44,7 +50,10 @@ describe("RetainedStore", () => {
     write("x.z.retained1", "old qos 1", 10);
     write("x.z.retained", "new qos 0", 1);
     write("x.w.retained.tmp", "partial", 1);
-    expect(all(await RetainedStore.open(dir)).sort()).toEqual([["x.y", "new qos 1", 1], ["x.z", "new qos 0", 0]]);
+    expect(all(await RetainedStore.open(dir)).sort()).toEqual([
+      ["x.y", "new qos 1", 1],
+      ["x.z", "new qos 0", 0],
+    ]);
     expect(readdirSync(dir).sort()).toEqual(["x.y.retained1", "x.z.retained"]);
   });
 });

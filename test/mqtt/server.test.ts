@@ -45,7 +45,8 @@ async function raw(): Promise<{ send: (...p: Packet[]) => void; end: () => void;
   };
 }
 
-const connect = (clientId: string, extra: Partial<mqtt.IConnectPacket> = {}): Packet => ({ cmd: "connect", protocolId: "MQTT", protocolVersion: 4, clean: true, clientId, keepalive: 0, ...extra }) as Packet;
+const connect = (clientId: string, extra: Partial<mqtt.IConnectPacket> = {}): Packet =>
+  ({ cmd: "connect", protocolId: "MQTT", protocolVersion: 4, clean: true, clientId, keepalive: 0, ...extra }) as Packet;
 
 async function stored(channel: string): Promise<string[]> {
   const r = await t.call("GET", `/v1/channels/${channel}/messages?subscriber=check-${Math.random().toString(36).slice(2)}&from=earliest`);
@@ -82,7 +83,14 @@ describe("MQTT listener, raw packets", () => {
 
   test("CONNECT, a QoS 0 publish and the close in one read: the publish is stored, and the will of an abrupt close is published after it", async () => {
     const c = await raw();
-    c.send(connect("brief", { will: { topic: "raw/brief", payload: Buffer.from("will"), qos: 0, retain: false } }), { cmd: "publish", topic: "raw/brief", payload: Buffer.from("hello"), qos: 0, retain: false, dup: false } as Packet);
+    c.send(connect("brief", { will: { topic: "raw/brief", payload: Buffer.from("will"), qos: 0, retain: false } }), {
+      cmd: "publish",
+      topic: "raw/brief",
+      payload: Buffer.from("hello"),
+      qos: 0,
+      retain: false,
+      dup: false,
+    } as Packet);
     c.end();
     await waitFor(async () => (await stored("raw.brief")).length === 2, "the publish and the will");
     expect(await stored("raw.brief")).toEqual(["hello", "will"]);
@@ -183,7 +191,11 @@ describe("MQTT session expiry", () => {
   });
   afterAll(() => x.stop());
 
-  const kept = (id: string) => x.agent.messenger.subscribers().filter((s) => s.name === `mqtt.${id}`).map((s) => s.pattern);
+  const kept = (id: string) =>
+    x.agent.messenger
+      .subscribers()
+      .filter((s) => s.name === `mqtt.${id}`)
+      .map((s) => s.pattern);
   const connect = (opts: mqttjs.IClientOptions) => mqttjs.connectAsync(`mqtt://127.0.0.1:${xport}`, { reconnectPeriod: 0, ...opts });
   const connackOf = (c: mqttjs.MqttClient) => new Promise<mqttjs.IConnackPacket>((r) => c.once("connect", r));
 

@@ -9,7 +9,11 @@ describe("Histogram", () => {
     for (const v of values) h.record(v);
     const s = h.summary();
     expect(s.count).toBe(10_000);
-    for (const [q, exact] of [[s.p50, 50], [s.p90, 90], [s.p99, 99]] as const) {
+    for (const [q, exact] of [
+      [s.p50, 50],
+      [s.p90, 90],
+      [s.p99, 99],
+    ] as const) {
       expect(q).toBeGreaterThanOrEqual(exact);
       expect(q).toBeLessThanOrEqual(exact * 1.1);
     }
@@ -19,7 +23,7 @@ describe("Histogram", () => {
 
   test("cumulative counts for exposition", () => {
     const h = new Histogram();
-    [0.5, 0.9, 2, 4, 100].forEach((v) => h.record(v));
+    for (const v of [0.5, 0.9, 2, 4, 100]) h.record(v);
     expect(h.cumulative([1, 5, 1000]).map((b) => b.count)).toEqual([2, 4, 5]);
   });
 

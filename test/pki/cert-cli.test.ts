@@ -55,8 +55,19 @@ describe("keyop cert", () => {
     expect(openssl(["verify", "-CAfile", join(d, "ca.crt"), join(d, "hub.crt")]).code).toBe(0);
     expect(openssl(["x509", "-in", join(d, "hub.crt"), "-noout", "-text"]).out).toContain("ecdsa-with-SHA384");
     const j = JSON.parse((await cli(["cert", "inspect", join(d, "hub.crt"), "--json"])).out);
-    const fp = openssl(["x509", "-in", join(d, "hub.crt"), "-noout", "-fingerprint", "-sha256"]).out.trim().split("=")[1];
-    expect(j).toMatchObject({ subject: "CN=hub", issuer: "CN=keyop-ca", dns: ["hub"], ip: [], is_ca: false, key: "ECDSA P-384", ext_key_usage: ["serverAuth", "clientAuth"], key_usage: ["digitalSignature"] });
+    const fp = openssl(["x509", "-in", join(d, "hub.crt"), "-noout", "-fingerprint", "-sha256"])
+      .out.trim()
+      .split("=")[1];
+    expect(j).toMatchObject({
+      subject: "CN=hub",
+      issuer: "CN=keyop-ca",
+      dns: ["hub"],
+      ip: [],
+      is_ca: false,
+      key: "ECDSA P-384",
+      ext_key_usage: ["serverAuth", "clientAuth"],
+      key_usage: ["digitalSignature"],
+    });
     expect(j.sha256_fingerprint).toBe(fp);
     expect(j.days_left).toBe(729);
     const t = await cli(["cert", "inspect", join(d, "ca.crt")]);

@@ -71,13 +71,16 @@ describe("mutual TLS", () => {
   test("a good pair connects; each side sees the other's CN; data flows only after verification", async () => {
     const dev = await material("dev1", await issueCert(ca, { name: "dev1" }));
     const got: string[] = [];
-    const sock = await connectMtls({ hostname: "127.0.0.1", port: srv.srv.port, material: dev, logger: silentLogger }, {
-      open: (s, peer) => {
-        got.push(`client sees ${peer.name}`);
-        s.write("hello from dev1");
+    const sock = await connectMtls(
+      { hostname: "127.0.0.1", port: srv.srv.port, material: dev, logger: silentLogger },
+      {
+        open: (s, peer) => {
+          got.push(`client sees ${peer.name}`);
+          s.write("hello from dev1");
+        },
+        data: (_s, c) => void got.push(new TextDecoder().decode(c)),
       },
-      data: (_s, c) => void got.push(new TextDecoder().decode(c)),
-    });
+    );
     await waitFor(() => got.length === 2 && srv.seen.data.length === 1, "exchange");
     expect(got).toEqual(["client sees hub", "welcome dev1"]);
     expect(srv.seen.opened).toEqual(["dev1"]);
@@ -87,26 +90,46 @@ describe("mutual TLS", () => {
 
   const bad: [string, () => Promise<Record<string, unknown>>, RegExp][] = [
     ["no client certificate", async () => ({ ca: ca.certPem }), /no certificate|not authorized|TLS verification failed/],
-    ["a certificate from a rogue CA with the same name", async () => {
-      const c = await issueCert(rogue, { name: "dev-rogue" });
-      return { cert: c.certPem, key: c.keyPem, ca: ca.certPem };
-    }, /not signed by our CA|TLS verification failed|not authorized/],
-    ["an expired certificate", async () => {
-      const c = await issueCert(ca, { name: "dev-old", notBefore: new Date(Date.now() - 10 * DAY), notAfter: new Date(Date.now() - DAY) });
-      return { cert: c.certPem, key: c.keyPem, ca: ca.certPem };
-    }, /expired|TLS verification failed/],
-    ["a certificate not yet valid", async () => {
-      const c = await issueCert(ca, { name: "dev-future", notBefore: new Date(Date.now() + DAY), notAfter: new Date(Date.now() + 10 * DAY) });
-      return { cert: c.certPem, key: c.keyPem, ca: ca.certPem };
-    }, /not valid before|not yet valid|TLS verification failed/],
-    ["a CA certificate used as a leaf", async () => {
-      const c = await issueCert(ca, { name: "dev-ca", isCa: true });
-      return { cert: c.certPem, key: c.keyPem, ca: ca.certPem };
-    }, /is a CA certificate|TLS verification failed/],
-    ["a certificate without clientAuth", async () => {
-      const c = await issueCert(ca, { name: "dev-server-only", eku: [x509.ExtendedKeyUsage.serverAuth] });
-      return { cert: c.certPem, key: c.keyPem, ca: ca.certPem };
-    }, /lacks the clientAuth|TLS verification failed|unsupported certificate purpose/],
+    [
+      "a certificate from a rogue CA with the same name",
+      async () => {
+        const c = await issueCert(rogue, { name: "dev-rogue" });
+        return { cert: c.certPem, key: c.keyPem, ca: ca.certPem };
+      },
+      /not signed by our CA|TLS verification failed|not authorized/,
+    ],
+    [
+      "an expired certificate",
+      async () => {
+        const c = await issueCert(ca, { name: "dev-old", notBefore: new Date(Date.now() - 10 * DAY), notAfter: new Date(Date.now() - DAY) });
+        return { cert: c.certPem, key: c.keyPem, ca: ca.certPem };
+      },
+      /expired|TLS verification failed/,
+    ],
+    [
+      "a certificate not yet valid",
+      async () => {
+        const c = await issueCert(ca, { name: "dev-future", notBefore: new Date(Date.now() + DAY), notAfter: new Date(Date.now() + 10 * DAY) });
+        return { cert: c.certPem, key: c.keyPem, ca: ca.certPem };
+      },
+      /not valid before|not yet valid|TLS verification failed/,
+    ],
+    [
+      "a CA certificate used as a leaf",
+      async () => {
+        const c = await issueCert(ca, { name: "dev-ca", isCa: true });
+        return { cert: c.certPem, key: c.keyPem, ca: ca.certPem };
+      },
+      /is a CA certificate|TLS verification failed/,
+    ],
+    [
+      "a certificate without clientAuth",
+      async () => {
+        const c = await issueCert(ca, { name: "dev-server-only", eku: [x509.ExtendedKeyUsage.serverAuth] });
+        return { cert: c.certPem, key: c.keyPem, ca: ca.certPem };
+      },
+      /lacks the clientAuth|TLS verification failed|unsupported certificate purpose/,
+    ],
   ];
   test.each(bad)("refused: %s (closed, logged, no application byte read)", async (_what, make, reason) => {
     const before = { opened: srv.seen.opened.length, data: srv.seen.data.length, rejected: srv.seen.rejected.length };
@@ -126,10 +149,13 @@ describe("mutual TLS", () => {
     const rejected: string[] = [];
     let opened = false;
     try {
-      await connectMtls({ hostname: "127.0.0.1", port: fake.srv.port, material: dev, logger: silentLogger, onReject: (r) => rejected.push(r) }, {
-        open: () => void (opened = true),
-        data: () => {},
-      }).catch(() => rejected.push("connect failed"));
+      await connectMtls(
+        { hostname: "127.0.0.1", port: fake.srv.port, material: dev, logger: silentLogger, onReject: (r) => rejected.push(r) },
+        {
+          open: () => void (opened = true),
+          data: () => {},
+        },
+      ).catch(() => rejected.push("connect failed"));
       await waitFor(() => rejected.length > 0, "client-side rejection");
       expect(opened).toBe(false);
       expect(fake.seen.data).toEqual([]);
@@ -144,10 +170,13 @@ describe("mutual TLS", () => {
     const fps: string[] = [];
     const msgs: string[] = [];
     const connect = () =>
-      connectMtls<unknown>({ hostname: "127.0.0.1", port: s.srv.port, material: dev, logger: silentLogger }, {
-        open: (_s, peer) => void fps.push(peer.fingerprint),
-        data: (_s, c) => void msgs.push(new TextDecoder().decode(c)),
-      });
+      connectMtls<unknown>(
+        { hostname: "127.0.0.1", port: s.srv.port, material: dev, logger: silentLogger },
+        {
+          open: (_s, peer) => void fps.push(peer.fingerprint),
+          data: (_s, c) => void msgs.push(new TextDecoder().decode(c)),
+        },
+      );
     const first = await connect();
     await waitFor(() => fps.length === 1, "first connection");
     const hub2 = await material("hub2", await issueCert(ca, { name: "hub", ip: ["127.0.0.1"] }));

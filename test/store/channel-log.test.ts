@@ -107,7 +107,9 @@ describe("ChannelLog", () => {
     for (const f of files) expect(statSync(join(dir, f)).size).toBeLessThanOrEqual(4096);
     const sealed = files.slice(0, -1).map((f) => readFileSync(join(dir, f)));
     for (let i = 100; i < 150; i++) await log.append(bodyOf(i, 100));
-    files.slice(0, -1).forEach((f, i) => expect(readFileSync(join(dir, f)).equals(sealed[i]!)).toBe(true));
+    files.slice(0, -1).forEach((f, i) => {
+      expect(readFileSync(join(dir, f)).equals(sealed[i]!)).toBe(true);
+    });
     // Each file name is the seq of its first record.
     const re = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }));
     const all = await readAll(re);
@@ -226,7 +228,11 @@ describe("ChannelLog", () => {
     expect(lines.filter((l) => l.includes("torn tail"))).toEqual([]);
     expect(await re.append(bodyOf(10))).toBe(11);
     const at = 10 * rec + RECORD_HEADER_BYTES;
-    expect(readFileSync(seg).subarray(at, at + 9).toString()).toBe("record-10");
+    expect(
+      readFileSync(seg)
+        .subarray(at, at + 9)
+        .toString(),
+    ).toBe("record-10");
     await re.close();
     const check = await ChannelLog.open("c", dir, opts());
     expect((await readAll(check)).map((r) => r.text).at(-1)).toBe("record-10");
@@ -340,7 +346,11 @@ describe("ChannelLog", () => {
     const lost = damage[0]!.firstSeq;
     expect(damage[0]!.lastSeq).toBe(lost);
     expect(lost).toBeGreaterThan(firstOfSecond);
-    expect(got.map((r) => r.seq)).toEqual(Array.from({ length: got.length + 1 }, (_, i) => firstOfSecond + i).filter((q) => q !== lost).slice(0, got.length));
+    expect(got.map((r) => r.seq)).toEqual(
+      Array.from({ length: got.length + 1 }, (_, i) => firstOfSecond + i)
+        .filter((q) => q !== lost)
+        .slice(0, got.length),
+    );
     expect(got.at(-1)!.seq).toBeGreaterThan(lost);
     await re.close();
   });

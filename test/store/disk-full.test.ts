@@ -106,4 +106,3 @@ describe.skipIf(skipReason !== null)("disk full", () => {
     }
   });
 });
-
