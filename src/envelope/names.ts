@@ -107,6 +107,19 @@ export function compilePattern(pattern: string): Matcher {
   };
 }
 
+/**
+ * Allow rules (a peer's or a user's publish or subscribe list) as one
+ * matcher: true when any of the patterns matches. No patterns allow nothing.
+ */
+export function compileRules(patterns: readonly string[]): Matcher {
+  const matchers = patterns.map(compilePattern);
+  if (matchers.length === 1) return matchers[0]!;
+  return (channel) => {
+    for (const m of matchers) if (m(channel)) return true;
+    return false;
+  };
+}
+
 /** Throws `InvalidNameError` unless `name` can name a subscriber (or instance). */
 export function assertName(name: unknown, what = "subscriber name"): asserts name is string {
   if (typeof name !== "string" || name.length === 0) throw new InvalidNameError(`${what} is empty`);

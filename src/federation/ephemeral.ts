@@ -10,16 +10,16 @@
  * ephemeral peer, so nothing is replayed after a reconnect and nothing is
  * pinned in the hub's retention; the client's own publishes are not echoed.
  */
-import { assertLabel, decodeEnvelope, encodeEnvelope, type Message } from "../envelope/envelope.ts";
-import { assertChannel, assertPattern, compilePattern, isDeadLetter, type Matcher } from "../envelope/names.ts";
-import { AbortedError, ClosedError, ConnectionLostError, ForbiddenError, InvalidArgumentError, type KeyopError, NotConnectedError, PeerRejectedError, TooLargeError } from "../errors.ts";
-import { currentContext } from "../messenger/context.ts";
+import { decodeEnvelope, type Message } from "../envelope/envelope.ts";
+import { assertPattern, compilePattern, compileRules, type Matcher } from "../envelope/names.ts";
+import { AbortedError, ClosedError, ConnectionLostError, ForbiddenError, InvalidArgumentError, type KeyopError, NotConnectedError, PeerRejectedError } from "../errors.ts";
+import { publishLabels } from "../messenger/context.ts";
 import { createLogger, type Logger } from "../observability/logger.ts";
 import { connectMtls } from "../pki/mtls.ts";
 import { loadTlsMaterial, type TlsFiles, type TlsMaterial } from "../pki/tls.ts";
 import { backoffDelay, HEALTHY_AFTER_MS, splitHostPort } from "./dial.ts";
 import { PROTOCOL_VERSION } from "./frame.ts";
-import { scanEnvelope } from "../envelope/scan.ts";
+import { buildEnvelope } from "../envelope/build.ts";
 import { ackFrame, batchFrame, type Ack, type Batch } from "./messages.ts";
 import { HANDSHAKE_TIMEOUT_MS, type PeerSession, sessionHandler } from "./session.ts";
 
@@ -91,7 +91,7 @@ export class EphemeralMessenger {
   /** `down`: the connection ended and no reconnect is coming (no autoReconnect, or refused for good). */
   private state: "idle" | "connecting" | "open" | "backoff" | "down" | "closed" = "idle";
   /** Publish patterns the hub allows this client (from WELCOME). */
-  private allowed: Matcher[] | null = null;
+  private allowed: Matcher | null = null;
   private readonly queue: Pending[] = [];
   private readonly roomWaiters: (() => void)[] = [];
   private readonly inflight = new Map<number, Pending[]>();
@@ -173,27 +173,10 @@ export class EphemeralMessenger {
   async publish(channel: string, type: string, payload: unknown, opts: EphemeralPublishOptions = {}): Promise<EphemeralPublishResult> {
     if (this.state === "closed") throw new ClosedError("ephemeral messenger is closed");
     if (this.fatal) throw this.fatal;
-    assertChannel(channel);
-    if (isDeadLetter(channel)) throw new InvalidArgumentError(`channel "${channel}" is reserved for dead letters`);
-    assertLabel(type, "type");
-    if (this.allowed && !this.allowed.some((m) => m(channel))) throw new ForbiddenError(`the hub does not allow ${this.name} to publish on ${channel}`);
+    // A message must fit a batch, with room for the frame around it.
+    const { body, id, ts } = buildEnvelope(this.name, { channel, type, payload, ...publishLabels(opts, this.cfg.serviceName) }, this.cfg.maxBatchBytes - 1024);
+    if (this.allowed && !this.allowed(channel)) throw new ForbiddenError(`the hub does not allow ${this.name} to publish on ${channel}`);
     if (this.state === "down" || (this.state !== "open" && !this.cfg.autoReconnect)) throw new NotConnectedError("not connected to the hub");
-    const ctx = currentContext();
-    const correlationId = opts.correlationId ?? ctx?.correlationId;
-    const serviceName = opts.serviceName ?? ctx?.serviceName ?? this.cfg.serviceName;
-    if (correlationId !== undefined) assertLabel(correlationId, "correlation id");
-    if (serviceName !== undefined) assertLabel(serviceName, "service name");
-    const id = Bun.randomUUIDv7();
-    const ts = Date.now();
-    const me = this.name;
-    let body: Uint8Array;
-    try {
-      body = encodeEnvelope({ id, ts, channel, origin: me, type, correlationId, serviceName, route: [me], payload });
-      scanEnvelope(body); // what the hub checks before storing (nesting, extension types)
-    } catch (err) {
-      throw new InvalidArgumentError(`payload cannot be sent: ${err instanceof Error ? err.message : String(err)}`);
-    }
-    if (body.length > this.cfg.maxBatchBytes - 1024) throw new TooLargeError(`message of ${body.length} bytes does not fit a batch of ${this.cfg.maxBatchBytes}`);
     while (this.queue.length >= this.cfg.queueSize) {
       if (opts.signal?.aborted) throw new AbortedError("publish aborted while waiting for queue room");
       await new Promise<void>((resolve) => {
@@ -336,7 +319,7 @@ export class EphemeralMessenger {
 
   private opened(s: PeerSession): void {
     const w = s.welcome!;
-    this.allowed = w.publish.map(compilePattern);
+    this.allowed = compileRules(w.publish);
     this.cfg.maxBatchBytes = Math.min(this.cfg.maxBatchBytes, w.maxBatchBytes);
     this.state = "open";
     this.connects++;
@@ -346,7 +329,7 @@ export class EphemeralMessenger {
     // Publishes queued outside the hub's rules fail now rather than after a round trip.
     for (let i = this.queue.length - 1; i >= 0; i--) {
       const p = this.queue[i]!;
-      if (!this.allowed.some((m) => m(p.channel))) {
+      if (!this.allowed(p.channel)) {
         this.queue.splice(i, 1);
         p.reject(new ForbiddenError(`the hub does not allow ${this.name} to publish on ${p.channel}`));
       }

@@ -4,7 +4,7 @@
  * side sends) and a Receiver (what it stores), over mutual TLS. Links
  * reconnect with exponential backoff and jitter (SPEC §5).
  */
-import { compilePattern, type Matcher } from "../envelope/names.ts";
+import { compileRules, type Matcher } from "../envelope/names.ts";
 import type { AgentConfig, LinkConfig, PeerConfig } from "../config/schema.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
@@ -56,7 +56,7 @@ export class Federation {
   private readonly dedup: RecentIds;
   private server: MtlsServer<PeerSession> | null = null;
   private readonly parts = new Map<PeerSession, SessionParts>();
-  private readonly peers = new Map<string, { cfg: PeerConfig; publish: Matcher[]; subscribe: Matcher[] }>();
+  private readonly peers = new Map<string, { cfg: PeerConfig; publish: Matcher; subscribe: Matcher }>();
   private readonly links: LinkRunner[] = [];
   private stopped = false;
 
@@ -67,7 +67,7 @@ export class Federation {
     this.logger = logger;
     this.dedup = new RecentIds(cfg.dedup.capacity);
     this.audit = cfg.audit.path ? new AuditLog({ path: cfg.audit.path, maxFileBytes: cfg.audit.maxFileBytes, maxFiles: cfg.audit.maxFiles, logger }) : undefined;
-    for (const p of cfg.hub?.peers ?? []) this.peers.set(p.name, { cfg: p, publish: p.publish.map((x) => compilePattern(x)), subscribe: p.subscribe.map((x) => compilePattern(x)) });
+    for (const p of cfg.hub?.peers ?? []) this.peers.set(p.name, { cfg: p, publish: compileRules(p.publish), subscribe: compileRules(p.subscribe) });
   }
 
   private cleanupTimer: ReturnType<typeof setInterval> | null = null;
@@ -196,8 +196,7 @@ export class Federation {
       ...this.common(),
       onHello: (s, hello) => {
         const peer = this.peers.get(s.peer.name)!;
-        const allowPublish = (c: string) => peer.publish.some((m) => m(c));
-        this.parts.set(s, { receiver: new Receiver({ messenger: this.messenger, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit, allow: allowPublish }) });
+        this.parts.set(s, { receiver: new Receiver({ messenger: this.messenger, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit, allow: peer.publish }) });
         return {
           version: PROTOCOL_VERSION,
           name: this.messenger.name,
@@ -211,7 +210,7 @@ export class Federation {
         const peer = this.peers.get(s.peer.name)!;
         const parts = this.parts.get(s)!;
         // Down: what the peer asked for, channel by channel limited to what it may receive.
-        const allowDown = (c: string) => peer.subscribe.some((m) => m(c));
+        const allowDown = peer.subscribe;
         // An ephemeral peer gets live messages only: cursors in memory, gone with the session.
         // A link's cursor, made at its first session, starts where the link asked.
         parts.forwarder =

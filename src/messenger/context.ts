@@ -26,6 +26,15 @@ export function withContext<T>(ctx: PublishContext, fn: () => T): T {
   return storage.run(merged, fn);
 }
 
+/**
+ * The labels a publish carries: from its own options, else the context in
+ * force, else the publisher's default service name.
+ */
+export function publishLabels(opts: PublishContext | undefined, defaultServiceName: string | undefined): PublishContext {
+  const ctx = storage.getStore();
+  return { correlationId: opts?.correlationId ?? ctx?.correlationId, serviceName: opts?.serviceName ?? ctx?.serviceName ?? defaultServiceName };
+}
+
 /** The context in force here, if any. */
 export function currentContext(): PublishContext | undefined {
   return storage.getStore();

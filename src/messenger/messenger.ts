@@ -5,17 +5,17 @@
  * (after fdatasync with the default `always`); subscribers are durable named
  * cursors that see every message at least once, in order per channel.
  */
-import { encodeEnvelope, assertLabel, toWire, type Message } from "../envelope/envelope.ts";
-import { scanEnvelope } from "../envelope/scan.ts";
+import { assertLabel, toWire, type Message } from "../envelope/envelope.ts";
+import { buildEnvelope, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
-import { ClosedError, InvalidArgumentError, KeyopError, ReservedChannelError, TooLargeError } from "../errors.ts";
+import { ClosedError, InvalidArgumentError, KeyopError, TooLargeError } from "../errors.ts";
 import { Histogram, type LatencySummary } from "../observability/histogram.ts";
 import type { ChannelLog, LogHealth } from "../store/channel-log.ts";
 import { CursorStore, cursorKey, type StartFrom } from "../store/cursor-store.ts";
 import { LogStore } from "../store/log-store.ts";
 import { join } from "node:path";
 import { resolveConfig, type MessengerConfig, type ResolvedConfig } from "./config.ts";
-import { currentContext } from "./context.ts";
+import { currentContext, publishLabels } from "./context.ts";
 import { Subscription, type Handler, type SubscribeOptions, type SubscriptionHost } from "./subscription.ts";
 import { DurableSubscriber, type DurableSubscriberHost } from "./durable-subscriber.ts";
 import { UnknownSubscriberError } from "../errors.ts";
@@ -255,40 +255,9 @@ export class Messenger {
     return seqs;
   }
 
-  private encode(channel: string, type: string, payload: unknown, opts?: PublishOptions): { body: Uint8Array; id: string; ts: number } {
+  private encode(channel: string, type: string, payload: unknown, opts?: PublishOptions): BuiltEnvelope {
     if (this.state !== "open") throw new ClosedError();
-    assertChannel(channel);
-    if (isDeadLetter(channel)) throw new ReservedChannelError(channel);
-    return this.encodeFor(channel, type, payload, opts);
-  }
-
-  private encodeFor(channel: string, type: string, payload: unknown, opts?: PublishOptions) {
-    assertLabel(type, "type");
-    const ctx = currentContext();
-    const correlationId = opts?.correlationId ?? ctx?.correlationId;
-    const serviceName = opts?.serviceName ?? ctx?.serviceName ?? this.cfg.serviceName;
-    if (correlationId !== undefined) assertLabel(correlationId, "correlation id");
-    if (serviceName !== undefined) assertLabel(serviceName, "service name");
-    const id = Bun.randomUUIDv7();
-    const ts = Date.now();
-    let body: Uint8Array;
-    try {
-      body = encodeEnvelope({ id, ts, channel, origin: this.name, type, correlationId, serviceName, route: [this.name], payload });
-    } catch (err) {
-      throw new InvalidArgumentError(`payload cannot be encoded as msgpack: ${err instanceof Error ? err.message : String(err)}`);
-    }
-    if (body.length > this.cfg.maxMessageBytes) {
-      throw new TooLargeError(`message of ${body.length} bytes exceeds the limit of ${this.cfg.maxMessageBytes}`);
-    }
-    // What every receiver checks before storing a forwarded record is checked here first: a
-    // record a hub would refuse (nesting deeper than 64, an extension other than a timestamp)
-    // would otherwise close the link at every resend and stop everything behind it.
-    try {
-      scanEnvelope(body);
-    } catch (err) {
-      throw new InvalidArgumentError(`payload cannot be forwarded: ${err instanceof Error ? err.message : String(err)}`);
-    }
-    return { body, id, ts };
+    return buildEnvelope(this.name, { channel, type, payload, ...publishLabels(opts, this.cfg.serviceName) }, this.cfg.maxMessageBytes);
   }
 
   private logFor(channel: string): ChannelLog | Promise<ChannelLog> {
@@ -309,7 +278,8 @@ export class Messenger {
       failed_at: Date.now(),
       message: toWire(msg),
     };
-    const { body } = this.encodeFor(channel, "keyop.dead-letter", payload, { correlationId: msg.correlationId ?? msg.id });
+    const labels = publishLabels({ correlationId: msg.correlationId ?? msg.id }, this.cfg.serviceName);
+    const { body } = buildOnCheckedChannel(this.name, { channel, type: "keyop.dead-letter", payload, ...labels }, this.cfg.maxMessageBytes);
     const log = await this.logFor(channel);
     await log.append(body);
     this.countersOf(msg.channel).deadLettered++;

@@ -16,7 +16,7 @@ import type { MqttConfig } from "../config/schema.ts";
 import { channelToTopic, filterToPattern, topicToChannel } from "./topics.ts";
 import type { RetainedStore } from "./retained.ts";
 import type { SessionStore } from "./session-store.ts";
-import { compilePattern } from "../envelope/names.ts";
+import { compilePattern, compileRules } from "../envelope/names.ts";
 
 /** What a session needs from the server around it. */
 export interface SessionHost {
@@ -438,10 +438,8 @@ export class MqttSession {
         this.send(this.version === 5 ? ({ cmd: "connack", reasonCode: 0x86, sessionPresent: false } as Packet) : ({ cmd: "connack", returnCode: 4, sessionPresent: false } as Packet));
         return this.shutdown(false);
       }
-      const pub = user.publish.map(compilePattern);
-      const sub = user.subscribe.map(compilePattern);
-      this.mayPublish = (c) => pub.some((m) => m(c));
-      this.maySubscribe = (c) => sub.some((m) => m(c));
+      this.mayPublish = compileRules(user.publish);
+      this.maySubscribe = compileRules(user.subscribe);
       this.accept(p);
       for (const q of this.waiting.splice(0)) this.packet(q);
     });

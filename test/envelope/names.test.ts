@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { assertChannel, assertName, assertPattern, channelProblem, compilePattern, deadLetterOf, isDeadLetter } from "../../src/envelope/names.ts";
+import { assertChannel, assertName, assertPattern, channelProblem, compilePattern, compileRules, deadLetterOf, isDeadLetter } from "../../src/envelope/names.ts";
 import { InvalidChannelError, InvalidNameError, InvalidPatternError } from "../../src/errors.ts";
 
 describe("channel names", () => {
@@ -83,5 +83,16 @@ describe("subscriber names", () => {
   test.each(["s1", "thermostat.main", "a-b_c"])("accepts %p", (n) => expect(() => assertName(n)).not.toThrow());
   test.each(["", ".", "..", "a/b", "a~b", "a b", "x".repeat(129)])("rejects %p", (n) => {
     expect(() => assertName(n)).toThrow(InvalidNameError);
+  });
+});
+
+describe("compileRules", () => {
+  test("any pattern of the list allows; an empty list allows nothing; dead letters only by name", () => {
+    const rules = compileRules(["telemetry.>", "cmd.*.ack", "plain"]);
+    expect(["telemetry.a", "telemetry.a.b", "cmd.x.ack", "plain"].filter((c) => !rules(c))).toEqual([]);
+    expect(["telemetry", "cmd.x.y", "cmd.ack", "plainer", "telemetry.a.dead-letter"].filter((c) => rules(c))).toEqual([]);
+    expect(compileRules([])("anything")).toBe(false);
+    expect(compileRules([">"])("a.b")).toBe(true);
+    expect(() => compileRules(["bad..pattern"])).toThrow();
   });
 });

@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { EphemeralMessenger, type Message } from "../../src/index.ts";
 import { KeyopError } from "../../src/errors.ts";
 import { silentLogger } from "../../src/observability/logger.ts";
+import { Messenger } from "../../src/messenger/messenger.ts";
 import { freePort, tmpDir, waitFor } from "../helpers.ts";
 import { cli, runAgent, type AgentProc } from "./agent-process.ts";
 import { FaultProxy } from "./fault-proxy.ts";
@@ -60,6 +61,35 @@ afterAll(async () => {
 });
 
 describe("EphemeralMessenger against a keyop hub process", () => {
+  test("the same bad input gets the same error code from the ephemeral and the durable messenger", async () => {
+    const em = client("svc", { maxBatchBytes: 3048 });
+    await em.connect();
+    // The ephemeral client's limit is what fits a batch (3,048 - 1,024 bytes); the durable one gets the same.
+    const m = await Messenger.open({ storage: { dataDir: join(dir, "same-errors") }, maxMessageBytes: 2024, logger: silentLogger });
+    const cases: [string, string, unknown, { correlationId?: string; serviceName?: string }?][] = [
+      ["bad..name", "t", 1],
+      ["../etc", "t", 1],
+      ["orders.dead-letter", "t", 1],
+      ["orders.x", "", 1],
+      ["orders.x", "t".repeat(300), 1],
+      ["orders.x", "t", "x".repeat(2100)],
+      ["orders.x", "t", { s: Symbol("x") }],
+      ["orders.x", "t", 1, { correlationId: "" }],
+      ["orders.x", "t", 1, { serviceName: "s".repeat(300) }],
+      ["orders.x", "t", JSON.parse("[".repeat(65) + "]".repeat(65))],
+    ];
+    const codeOf = (p: () => Promise<unknown>) => p().then(
+      () => "ok",
+      (e) => (e as KeyopError).code,
+    );
+    const got: [string, string, string][] = [];
+    for (const [ch, type, payload, opts] of cases) got.push([ch, await codeOf(() => m.publish(ch, type, payload, opts)), await codeOf(() => em.publish(ch, type, payload, opts))]);
+    expect(got).toEqual(cases.map(([ch], i) => [ch, got[i]![1], got[i]![1]]));
+    expect(got.map((g) => g[1])).toEqual(["invalid_channel", "invalid_channel", "reserved_channel", "invalid_argument", "invalid_argument", "too_large", "invalid_argument", "invalid_argument", "invalid_argument", "invalid_argument"]);
+    await m.close();
+    await em.close();
+  });
+
   test("publish resolves once the hub stored the message: origin and route name the client", async () => {
     const em = client("svc");
     await em.connect();
