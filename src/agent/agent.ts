@@ -70,7 +70,7 @@ export class Agent {
       // The slow parts first: once the API socket answers, everything the agent offers does.
       if (federated) {
         // The config validation guarantees tls is set whenever hub or links are.
-        federation = new Federation(messenger, config, tls!, logger);
+        federation = new Federation(messenger, { hub: config.hub, links: config.links, federation: config.federation, dedup: config.dedup, audit: config.audit }, tls!, logger);
         const t0 = performance.now();
         const seeded = await federation.seedDedup();
         if (seeded > 0) logger.info("duplicate filter loaded from the log", { ids: seeded, ms: Math.round(performance.now() - t0) });

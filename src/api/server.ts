@@ -13,10 +13,11 @@ import { BadRequestError, KeyopError } from "../errors.ts";
 import type { Messenger, MessengerStats } from "../messenger/messenger.ts";
 import type { LogHealth } from "../store/channel-log.ts";
 import type { Logger } from "../observability/logger.ts";
-import { renderMetrics, type ExtraGauges } from "../observability/metrics.ts";
+import type { ExtraGauges } from "../observability/metrics.ts";
+import { renderMetrics } from "./metrics.ts";
 import { boolParam, errorBody, errorResponse, fromParam, intParam, json, requiredParam, statusOf } from "./http.ts";
 import { handlePublish, type PublishLimits } from "./publish.ts";
-import { prepareSocketPath } from "./socket-file.ts";
+import { prepareSocketPath } from "../net/socket-file.ts";
 import { StreamRegistry, StreamSession, streamResponse, wsHandlers, type WsData } from "./stream.ts";
 import { handleAck, handleDeleteSubscriber, handlePull } from "./subscribers.ts";
 

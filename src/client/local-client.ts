@@ -6,7 +6,7 @@
  */
 import type { Message } from "../envelope/envelope.ts";
 import { isWildcard } from "../envelope/names.ts";
-import { DEFAULT_DATA_DIR, SOCKET_NAME } from "../config/schema.ts";
+import { DEFAULT_DATA_DIR, SOCKET_NAME } from "../config/defaults.ts";
 
 /** The socket a client uses: explicit, else $KEYOP_SOCKET, else the default. */
 export function resolveSocket(explicit?: string): string {

@@ -3,6 +3,7 @@
  * default, and validation that reports all problems at once, each with its
  * key path, so an operator fixes the file in one go.
  */
+import { DEFAULT_DATA_DIR, SOCKET_NAME } from "./defaults.ts";
 import { assertName, assertPattern } from "../envelope/names.ts";
 import { ConfigError, KeyopError } from "../errors.ts";
 import { isLogLevel, type LogFormat, type LogLevel } from "../observability/logger.ts";
@@ -93,11 +94,6 @@ export interface ConfigOverrides {
   socket?: string | undefined;
   logLevel?: string | undefined;
 }
-
-/** Default data directory of `keyop run` without a config. */
-export const DEFAULT_DATA_DIR = "./keyop-data";
-/** File name of the API socket inside the data directory. */
-export const SOCKET_NAME = "keyop.sock";
 
 type Obj = Record<string, unknown>;
 

@@ -21,6 +21,9 @@ import { Receiver } from "./receiver.ts";
 import { HANDSHAKE_TIMEOUT_MS, type PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
 import { backoffDelay, HEALTHY_AFTER_MS, splitHostPort } from "./dial.ts";
 
+/** The parts of the agent's configuration federation runs on. */
+export type FederationConfig = Pick<AgentConfig, "hub" | "links" | "federation" | "dedup" | "audit">;
+
 export { backoffDelay } from "./dial.ts";
 
 /** What `/v1/status` shows of one link or hub peer. */
@@ -49,7 +52,7 @@ interface SessionParts {
 /** The federation side of an agent. */
 export class Federation {
   private readonly messenger: Messenger;
-  private readonly cfg: AgentConfig;
+  private readonly cfg: FederationConfig;
   private readonly logger: Logger;
   private material: TlsMaterial;
   private readonly audit: AuditLog | undefined;
@@ -60,7 +63,7 @@ export class Federation {
   private readonly links: LinkRunner[] = [];
   private stopped = false;
 
-  constructor(messenger: Messenger, cfg: AgentConfig, material: TlsMaterial, logger: Logger) {
+  constructor(messenger: Messenger, cfg: FederationConfig, material: TlsMaterial, logger: Logger) {
     this.messenger = messenger;
     this.cfg = cfg;
     this.material = material;

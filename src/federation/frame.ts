@@ -12,7 +12,7 @@
  * against the limit before a byte of the body is buffered, and every
  * malformed input ends in a `FrameError`, never in another exception.
  */
-import { uninitialized } from "../store/record.ts";
+import { uninitialized } from "../bytes.ts";
 import { Packr } from "msgpackr";
 import { KeyopError } from "../errors.ts";
 

@@ -5,7 +5,7 @@
  * `FrameError`. Names claimed in a HELLO are informational only; a peer's
  * identity is its certificate's CN.
  */
-import { uninitialized } from "../store/record.ts";
+import { uninitialized } from "../bytes.ts";
 import { assertChannel, assertPattern } from "../envelope/names.ts";
 import { KeyopError } from "../errors.ts";
 import { encodeFrame, FrameError, FrameType, HARD_MAX_BODY, HEADER_BYTES, MAGIC, PROTOCOL_VERSION, type Frame } from "./frame.ts";

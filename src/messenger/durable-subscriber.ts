@@ -35,8 +35,8 @@ export interface FetchOptions {
   after?: Positions;
 }
 
-/** A stored record as a forwarder sends it: its bytes, and where its route sits in them. */
-export interface RawRecord {
+/** A stored envelope as a forwarder sends it: its bytes unchanged, and where its route sits in them. */
+export interface StoredEnvelope {
   seq: number;
   channel: string;
   view: EnvelopeView;
@@ -108,8 +108,8 @@ export class DurableSubscriber {
    * Like `fetch`, but also hands back each record's stored bytes, for
    * forwarding a record as it is stored (federation).
    */
-  async fetchRaw(opts: FetchOptions): Promise<RawRecord[]> {
-    const out: RawRecord[] = [];
+  async fetchRaw(opts: FetchOptions): Promise<StoredEnvelope[]> {
+    const out: StoredEnvelope[] = [];
     await this.collect(opts, (body, seq, channel) => {
       // Nothing is decoded: decoding whole envelopes was most of a forwarder's CPU.
       out.push({ seq, channel, view: scanEnvelope(body), body });

@@ -7,7 +7,7 @@ import type { Socket, TCPSocketListener, UnixSocketListener } from "bun";
 import type { MqttConfig } from "../config/schema.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
-import { prepareSocketPath } from "../api/socket-file.ts";
+import { prepareSocketPath } from "../net/socket-file.ts";
 import { MqttSession, sessionName, type SessionHost } from "./session.ts";
 import { RetainedStore } from "./retained.ts";
 import { SessionStore } from "./session-store.ts";

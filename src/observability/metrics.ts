@@ -1,15 +1,19 @@
 /**
- * Prometheus text exposition (format 0.0.4) of a messenger's counters,
- * gauges and latency histograms, plus whatever gauges the agent adds.
+ * Prometheus text exposition (format 0.0.4): counter, gauge and histogram
+ * families written in order. What the families are is decided by whoever
+ * assembles them (the agent's `/metrics`); this file only knows the format.
  */
-import type { Messenger } from "../messenger/messenger.ts";
 import type { Histogram } from "./histogram.ts";
 
-/** One gauge sample. */
-export interface GaugeSample {
-  help: string;
+/** One sample of a family. */
+export interface Sample {
   value: number;
   labels?: Record<string, string>;
+}
+
+/** One gauge sample with its help text. */
+export interface GaugeSample extends Sample {
+  help: string;
 }
 
 /** Extra gauges supplied by the agent (connections, uptime, links ...): one sample or a labelled family. */
@@ -28,59 +32,42 @@ function labels(l: Record<string, string> | undefined): string {
   return parts.length ? `{${parts.join(",")}}` : "";
 }
 
-function histogram(out: string[], name: string, help: string, h: Histogram): void {
-  out.push(`# HELP ${name} ${help}`, `# TYPE ${name} histogram`);
-  for (const b of h.cumulative(BUCKETS_S.map((s) => s * 1000))) out.push(`${name}_bucket{le="${b.le / 1000}"} ${b.count}`);
-  out.push(`${name}_bucket{le="+Inf"} ${h.count}`, `${name}_sum ${h.total / 1000}`, `${name}_count ${h.count}`);
-}
+/** Families in the order they are added, as exposition text. */
+export class Exposition {
+  private readonly out: string[] = [];
 
-/** The whole exposition as text. */
-export function renderMetrics(m: Messenger, extra: ExtraGauges = {}): string {
-  const st = m.stats();
-  const out: string[] = [];
-  const counters: [keyof (typeof st.channels)[number], string, string][] = [
-    ["published", "keyop_messages_published_total", "Messages published into the channel since start."],
-    ["delivered", "keyop_messages_delivered_total", "Messages handed to subscribers (handlers, pulls, streams) since start."],
-    ["acked", "keyop_messages_acked_total", "Messages acknowledged by subscribers since start."],
-    ["redelivered", "keyop_messages_redelivered_total", "Messages delivered again after an earlier delivery was not acknowledged."],
-    ["deadLettered", "keyop_messages_dead_lettered_total", "Messages moved to the dead-letter channel after failing every retry."],
-    ["failed", "keyop_handler_failures_total", "Handler calls that failed (each retry counts)."],
-  ];
-  for (const [key, name, help] of counters) {
-    out.push(`# HELP ${name} ${help}`, `# TYPE ${name} counter`);
-    for (const c of st.channels) out.push(`${name}{channel="${esc(c.channel)}"} ${c[key] as number}`);
+  counter(name: string, help: string, samples: readonly Sample[]): this {
+    return this.family("counter", name, help, samples);
   }
-  const disk: [string, string, (c: (typeof st.channels)[number]) => number][] = [
-    ["keyop_log_fsync_failures_total", "fdatasyncs of the channel's log that failed since start (each answered by a reseal).", (c) => c.disk.failedSyncs],
-    ["keyop_log_reseals_total", "Times the channel's log went back to its durable end and went on in a fresh segment.", (c) => c.disk.reseals],
-    ["keyop_log_damaged_records_total", "Records lost to damage in the middle of a segment, found since start (the records after it are kept).", (c) => c.disk.damagedRecords],
-    ["keyop_log_lost_records_total", "Committed records (sync: interval) that could not be read back after a failed fdatasync.", (c) => c.disk.lostRecords],
-  ];
-  for (const [name, help, value] of disk) {
-    out.push(`# HELP ${name} ${help}`, `# TYPE ${name} counter`);
-    for (const c of st.channels) out.push(`${name}{channel="${esc(c.channel)}"} ${value(c)}`);
+
+  gauge(name: string, help: string, samples: readonly Sample[]): this {
+    return this.family("gauge", name, help, samples);
   }
-  out.push("# HELP keyop_log_writable 1 while the channel's log takes appends, 0 while it refuses them (its disk failed).", "# TYPE keyop_log_writable gauge");
-  for (const c of st.channels) out.push(`keyop_log_writable{channel="${esc(c.channel)}"} ${c.disk.state === "ok" ? 1 : 0}`);
-  out.push("# HELP keyop_cursor_write_failures_total Cursor file writes that failed since start (each retried).", "# TYPE keyop_cursor_write_failures_total counter");
-  out.push(`keyop_cursor_write_failures_total ${st.cursors.failedWrites}`);
-  out.push("# HELP keyop_channel_bytes Bytes of stored records.", "# TYPE keyop_channel_bytes gauge");
-  for (const c of st.channels) out.push(`keyop_channel_bytes{channel="${esc(c.channel)}"} ${c.bytes}`);
-  out.push("# HELP keyop_channel_messages Messages stored (next seq minus first seq).", "# TYPE keyop_channel_messages gauge");
-  for (const c of st.channels) out.push(`keyop_channel_messages{channel="${esc(c.channel)}"} ${c.messages}`);
-  out.push("# HELP keyop_subscriber_lag Messages stored and not yet acknowledged by the subscriber.", "# TYPE keyop_subscriber_lag gauge");
-  for (const c of st.channels) {
-    for (const s of c.subscribers) out.push(`keyop_subscriber_lag${labels({ channel: c.channel, subscriber: s.name, pattern: s.pattern })} ${s.lag}`);
+
+  /** A latency histogram recorded in milliseconds, exposed in seconds. */
+  histogram(name: string, help: string, h: Histogram): this {
+    this.out.push(`# HELP ${name} ${help}`, `# TYPE ${name} histogram`);
+    for (const b of h.cumulative(BUCKETS_S.map((s) => s * 1000))) this.out.push(`${name}_bucket{le="${b.le / 1000}"} ${b.count}`);
+    this.out.push(`${name}_bucket{le="+Inf"} ${h.count}`, `${name}_sum ${h.total / 1000}`, `${name}_count ${h.count}`);
+    return this;
   }
-  const h = m.histograms();
-  histogram(out, "keyop_fsync_duration_seconds", "Duration of each fdatasync of a channel log.", h.fsync);
-  histogram(out, "keyop_publish_duration_seconds", "Time from publish to durable acknowledgement.", h.publishToDisk);
-  histogram(out, "keyop_delivery_latency_seconds", "Time from publish to handler call (in-process subscribers).", h.publishToHandler);
-  for (const [name, g] of Object.entries(extra)) {
-    const samples = Array.isArray(g) ? g : [g];
-    if (samples.length === 0) continue;
-    out.push(`# HELP ${name} ${samples[0]!.help}`, `# TYPE ${name} gauge`);
-    for (const x of samples) out.push(`${name}${labels(x.labels)} ${x.value}`);
+
+  /** Each extra gauge family (skipping empty ones). */
+  gauges(extra: ExtraGauges): this {
+    for (const [name, g] of Object.entries(extra)) {
+      const samples = Array.isArray(g) ? g : [g];
+      if (samples.length > 0) this.gauge(name, samples[0]!.help, samples);
+    }
+    return this;
   }
-  return out.join("\n") + "\n";
+
+  text(): string {
+    return this.out.join("\n") + "\n";
+  }
+
+  private family(type: "counter" | "gauge", name: string, help: string, samples: readonly Sample[]): this {
+    this.out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
+    for (const s of samples) this.out.push(`${name}${labels(s.labels)} ${s.value}`);
+    return this;
+  }
 }

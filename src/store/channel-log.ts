@@ -27,7 +27,8 @@ import { ftruncateSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { ClosedError, ioErrorFrom, LogUnavailableError, TooLargeError, type KeyopError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
-import { encodeRecords, MAX_RECORD_BODY, RECORD_HEADER_BYTES, uninitialized, writeRecord, type RawRecord } from "./record.ts";
+import { uninitialized } from "../bytes.ts";
+import { encodeRecords, MAX_RECORD_BODY, RECORD_HEADER_BYTES, writeRecord, type RawRecord } from "./record.ts";
 import { parseSegmentFileName, Segment, segmentFileName, type Damage } from "./segment.ts";
 import { fsyncDir } from "./fsync-dir.ts";
 

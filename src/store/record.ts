@@ -9,6 +9,7 @@
  * Kept apart from file handling so recovery, readers and federation share
  * one definition of a valid record (docs/storage.md).
  */
+import { uninitialized } from "../bytes.ts";
 
 /** Bytes before the body of every record. */
 export const RECORD_HEADER_BYTES = 16;
@@ -31,17 +32,6 @@ export function writeRecord(buf: Uint8Array, view: DataView, offset: number, seq
   const end = offset + RECORD_HEADER_BYTES + body.length;
   view.setUint32(offset + 4, Bun.hash.crc32(buf.subarray(offset + 8, end)), true);
   return end;
-}
-
-/**
- * A plain Uint8Array of `n` bytes that are not zeroed first, for buffers
- * whose every byte is written at once (zeroing a fresh megabyte showed in
- * profiles). Plain, not a Buffer: `Buffer#slice` shares memory where
- * `Uint8Array#slice` copies, and callers rely on the copy.
- */
-export function uninitialized(n: number): Uint8Array {
-  const b = Buffer.allocUnsafeSlow(n);
-  return new Uint8Array(b.buffer, b.byteOffset, n);
 }
 
 /** Encodes records with consecutive seqs from `firstSeq` into one buffer. */

@@ -78,14 +78,26 @@ describe("EphemeralMessenger against a keyop hub process", () => {
       ["orders.x", "t", 1, { serviceName: "s".repeat(300) }],
       ["orders.x", "t", JSON.parse("[".repeat(65) + "]".repeat(65))],
     ];
-    const codeOf = (p: () => Promise<unknown>) => p().then(
-      () => "ok",
-      (e) => (e as KeyopError).code,
-    );
+    const codeOf = (p: () => Promise<unknown>) =>
+      p().then(
+        () => "ok",
+        (e) => (e as KeyopError).code,
+      );
     const got: [string, string, string][] = [];
     for (const [ch, type, payload, opts] of cases) got.push([ch, await codeOf(() => m.publish(ch, type, payload, opts)), await codeOf(() => em.publish(ch, type, payload, opts))]);
     expect(got).toEqual(cases.map(([ch], i) => [ch, got[i]![1], got[i]![1]]));
-    expect(got.map((g) => g[1])).toEqual(["invalid_channel", "invalid_channel", "reserved_channel", "invalid_argument", "invalid_argument", "too_large", "invalid_argument", "invalid_argument", "invalid_argument", "invalid_argument"]);
+    expect(got.map((g) => g[1])).toEqual([
+      "invalid_channel",
+      "invalid_channel",
+      "reserved_channel",
+      "invalid_argument",
+      "invalid_argument",
+      "too_large",
+      "invalid_argument",
+      "invalid_argument",
+      "invalid_argument",
+      "invalid_argument",
+    ]);
     await m.close();
     await em.close();
   });
