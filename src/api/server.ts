@@ -169,7 +169,7 @@ export class ApiServer {
     const maxInflight = intParam(url, "max_inflight", 100, 1, 100_000);
     const autoAck = boolParam(url, "auto_ack");
     const sub = this.opts.messenger.openSubscriber(pattern, name, { from: fromParam(url) });
-    const session = new StreamSession(sub, this.opts.messenger, { maxInflight, autoAck });
+    const session = new StreamSession(sub, { maxInflight, autoAck });
     if (req.headers.get("upgrade")?.toLowerCase() === "websocket") {
       if (server.upgrade(req, { data: { session, registry: this.streams, logger: this.opts.logger } })) return undefined;
       throw new BadRequestError("websocket upgrade failed");

@@ -11,11 +11,12 @@
 import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { envelopeJson } from "../envelope/json.ts";
 import type { Message } from "../envelope/envelope.ts";
-import { isWildcard } from "../envelope/names.ts";
-import { BadRequestError, KeyopError, UnknownChannelError } from "../errors.ts";
-import type { DurableSubscriber, Positions } from "../messenger/durable-subscriber.ts";
-import type { Messenger } from "../messenger/messenger.ts";
+import { BadRequestError, KeyopError } from "../errors.ts";
+import { CursorReader, MESSAGES } from "../messenger/cursor-reader.ts";
+import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
+import { Window } from "../messenger/window.ts";
 import type { Logger } from "../observability/logger.ts";
+import { ackChannel } from "./subscribers.ts";
 
 /** How often an idle stream sends a keep-alive (ms). */
 export const HEARTBEAT_MS = 15_000;
@@ -28,20 +29,19 @@ export interface StreamOptions {
   autoAck: boolean;
 }
 
-/** The delivery state of one open stream. */
+/** The delivery state of one open stream: a cursor reader whose deliveries are single messages. */
 export class StreamSession {
   readonly sub: DurableSubscriber;
-  private readonly messenger: Messenger;
-  private readonly opts: StreamOptions;
-  private readonly positions: Positions;
+  private readonly reader: CursorReader<Message>;
+  private readonly autoAck: boolean;
   private readonly abort = new AbortController();
 
-  constructor(sub: DurableSubscriber, messenger: Messenger, opts: StreamOptions) {
+  constructor(sub: DurableSubscriber, opts: StreamOptions) {
     this.sub = sub;
-    this.messenger = messenger;
-    this.opts = opts;
-    // Start at the acked cursor: anything a previous stream sent but nobody acked comes again.
-    this.positions = sub.positions();
+    this.autoAck = opts.autoAck;
+    // Auto-acked messages are done as they are handed to the transport: no window to wait on.
+    const window = new Window(opts.autoAck ? Number.POSITIVE_INFINITY : opts.maxInflight);
+    this.reader = new CursorReader(sub, { form: MESSAGES, window, unit: "record", maxRecords: BATCH });
   }
 
   /** True once closed (client gone, replaced, or agent stopping). */
@@ -52,16 +52,12 @@ export class StreamSession {
   /** Ends the stream; a waiting `next` returns null. */
   close(): void {
     this.abort.abort();
+    this.reader.stop();
   }
 
   /** Messages sent on this stream and not yet acked. */
   inflight(): number {
-    let n = 0;
-    for (const [channel, pos] of this.positions) {
-      const log = this.messenger.channelLog(channel);
-      if (log) n += Math.max(0, pos - this.sub.cursor(log));
-    }
-    return n;
+    return this.reader.inflight;
   }
 
   /**
@@ -69,44 +65,16 @@ export class StreamSession {
    * (send a keep-alive), null when the stream is closed.
    */
   async next(idleMs = HEARTBEAT_MS): Promise<Message[] | null> {
-    const signal = this.abort.signal;
-    while (!signal.aborted) {
-      const room = this.opts.autoAck ? BATCH : Math.min(BATCH, this.opts.maxInflight - this.inflight());
-      if (room > 0) {
-        const msgs = await this.sub.fetch({ max: room, after: this.positions });
-        if (signal.aborted) return null;
-        if (msgs.length > 0) {
-          if (this.opts.autoAck) this.ackThrough(msgs);
-          return msgs;
-        }
-        if (!(await this.sub.wait(idleMs, { after: this.positions, signal }))) return signal.aborted ? null : [];
-      } else if (!(await this.sub.waitForAck(idleMs, signal))) {
-        return signal.aborted ? null : [];
-      }
-    }
-    return null;
+    const ds = await this.reader.next({ idleMs, signal: this.abort.signal });
+    if (ds === null) return null;
+    if (this.autoAck) for (const d of ds) this.reader.ack(d);
+    return ds.map((d) => d.records[0]!);
   }
 
-  /** Acks `seq` on `channel` (the stream's channel when it is not a pattern). */
+  /** Acks `seq` on `channel` (the stream's channel when it is not a pattern), cumulatively. */
   ack(seq: unknown, channel?: unknown): number {
     if (typeof seq !== "number" || !Number.isInteger(seq) || seq < 0) throw new BadRequestError('"ack" must be a non-negative integer seq');
-    let ch: string;
-    if (typeof channel === "string") ch = channel;
-    else if (!isWildcard(this.sub.pattern)) ch = this.sub.pattern;
-    else if (this.positions.size === 1) ch = [...this.positions.keys()][0]!;
-    else throw new BadRequestError(`acks on pattern stream ${this.sub.pattern} need "channel"`);
-    const log = this.messenger.channelLog(ch);
-    if (!log) throw new UnknownChannelError(ch);
-    return this.sub.ack(log, seq);
-  }
-
-  private ackThrough(msgs: Message[]): void {
-    const last = new Map<string, number>();
-    for (const m of msgs) last.set(m.channel, m.seq);
-    for (const [ch, seq] of last) {
-      const log = this.messenger.channelLog(ch);
-      if (log) this.sub.ack(log, seq);
-    }
+    return this.reader.ackThrough(ackChannel(this.sub, channel), seq);
   }
 }
 

@@ -40,16 +40,21 @@ export async function handlePull(url: URL, pattern: string, messenger: Messenger
  * The concrete channel an ack is for: the path's channel, or for a pattern
  * path the body's `channel` (inferred when the pattern matches one channel).
  */
-function ackChannel(sub: DurableSubscriber, pathChannel: string, bodyChannel: unknown): string {
-  if (bodyChannel !== undefined) {
-    if (typeof bodyChannel !== "string") throw new BadRequestError(`"channel" must be a string`);
-    assertChannel(bodyChannel);
-    return bodyChannel;
+/**
+ * The channel an ack of `sub` is for: the one it names, else the channel of
+ * the request's path (a pattern subscriber acked on one of its channels),
+ * else the one channel its pattern matches.
+ */
+export function ackChannel(sub: DurableSubscriber, named: unknown, path: string = sub.pattern): string {
+  if (named !== undefined) {
+    if (typeof named !== "string") throw new BadRequestError(`"channel" must be a string`);
+    assertChannel(named);
+    return named;
   }
-  if (!isWildcard(pathChannel)) return pathChannel;
+  if (!isWildcard(path)) return path;
   const channels = [...sub.positions().keys()];
   if (channels.length === 1) return channels[0]!;
-  throw new BadRequestError(`ack on pattern ${pathChannel} needs "channel" in the body (it matches ${channels.length} channels)`);
+  throw new BadRequestError(`an ack on pattern ${sub.pattern} needs "channel" (it matches ${channels.length} channels)`);
 }
 
 /** POST ack: cumulative, moves the cursor past `seq`. */
@@ -64,10 +69,8 @@ export async function handleAck(req: Request, pattern: string, name: string, mes
   if (body === null || typeof body !== "object") throw new BadRequestError('body must be JSON like {"seq": 42}');
   if (typeof body.seq !== "number" || !Number.isInteger(body.seq) || body.seq < 0) throw new BadRequestError('"seq" must be a non-negative integer');
   const sub = isWildcard(pattern) ? messenger.openSubscriber(pattern, name, { create: false }) : messenger.resolveSubscriber(pattern, name);
-  const channel = ackChannel(sub, pattern, body.channel);
-  const log = messenger.channelLog(channel);
-  if (!log) throw new UnknownChannelError(channel);
-  const cursor = sub.ack(log, body.seq);
+  const channel = ackChannel(sub, body.channel, pattern);
+  const cursor = sub.ack(channel, body.seq);
   return json(200, { subscriber: name, pattern: sub.pattern, channel, cursor });
 }
 

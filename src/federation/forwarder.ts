@@ -7,21 +7,32 @@
  */
 import { routeIncludes, utf8Bytes } from "../envelope/scan.ts";
 import type { Messenger } from "../messenger/messenger.ts";
-import type { DurableSubscriber, Positions } from "../messenger/durable-subscriber.ts";
+import { CursorReader, type Delivery, STORED } from "../messenger/cursor-reader.ts";
+import type { DurableSubscriber, StoredEnvelope } from "../messenger/durable-subscriber.ts";
+import { Window } from "../messenger/window.ts";
 import type { Logger } from "../observability/logger.ts";
 import { batchFrame, type Ack } from "./messages.ts";
-import type { PeerSession } from "./session.ts";
+
+/** What a forwarder needs of a federation session (a `PeerSession` is one). */
+export interface ForwardLink {
+  readonly peer: { readonly name: string };
+  readonly state: "handshaking" | "open" | "closed";
+  send(frame: Uint8Array): unknown;
+  /** Resolves when the transport has room again. */
+  writable(): Promise<void>;
+}
 
 /** How a forwarder runs. */
 export interface ForwarderOptions {
   messenger: Messenger;
-  session: PeerSession;
+  session: ForwardLink;
   /** Local channels to send. */
   patterns: string[];
   /** Only channels this accepts are sent (the hub's subscribe rules for the peer). */
   allow?: (channel: string) => boolean;
   /** Where a new cursor starts. */
   start: "latest" | "earliest";
+  /** BATCH frames in flight, over all patterns. */
   window: number;
   maxBatchBytes: number;
   logger: Logger;
@@ -63,23 +74,22 @@ export function cursorName(peer: string): string {
 }
 
 interface InFlight {
-  sub: DurableSubscriber;
-  channel: string;
-  /** Highest seq this batch accounts for (records skipped for loops included). */
-  covers: number;
+  reader: CursorReader<StoredEnvelope>;
+  delivery: Delivery<StoredEnvelope>;
 }
 
-/** The sending half of a link (or of a hub towards one peer). */
+/**
+ * The sending half of a link (or of a hub towards one peer): one cursor
+ * reader per pattern, all drawing on one window of BATCH frames; one
+ * delivery (the records of one channel fetched together) is one BATCH.
+ */
 export class Forwarder {
   private readonly opts: ForwarderOptions;
   private readonly subs: DurableSubscriber[];
-  private readonly sent = new Map<DurableSubscriber, Positions>();
+  private readonly readers: CursorReader<StoredEnvelope>[];
   private readonly inflight = new Map<number, InFlight>();
   private nextBatch = 1;
   private stopped = false;
-  private wake: (() => void) | null = null;
-  /** Something was committed or created since the last fetch began. */
-  private dirty = true;
   /** Records not sent because the peer was already in their route. */
   loopSkipped = 0;
 
@@ -93,101 +103,53 @@ export class Forwarder {
       const name = cursorName(opts.session.peer.name);
       this.subs = opts.patterns.map((p) => opts.messenger.openSubscriber(p, name, { from: opts.start }));
     }
-    for (const s of this.subs) {
-      s.touch(); // the peer is here: its cursors are not stale
-      this.sent.set(s, s.positions());
-    }
+    const window = new Window(opts.window);
+    this.readers = this.subs.map((sub) => {
+      sub.touch(); // the peer is here: its cursors are not stale
+      return new CursorReader(sub, { form: STORED, window, unit: "run", maxRecords: 10_000, maxBytes: opts.maxBatchBytes - 1024 });
+    });
   }
 
   /** Runs until `stop()` or the session closes. */
   async run(): Promise<void> {
-    const { session, window } = this.opts;
-    // New records and channels only set a flag and wake the loop; set before a fetch starts,
-    // the flag cannot miss a commit that lands while the fetch runs.
-    const unwatch = this.subs.map((s) => s.watch(this.poke));
-    try {
-      while (!this.stopped && session.state === "open") {
-        if (this.inflight.size >= window) {
-          await new Promise<void>((r) => (this.wake = r));
-          continue;
-        }
-        this.dirty = false;
-        const sentSomething = await this.sendOne();
-        if (!sentSomething && !this.dirty && !this.stopped) await new Promise<void>((r) => (this.wake = r));
-        await session.writable();
-      }
-    } finally {
-      for (const off of unwatch) off();
-    }
+    await Promise.all(this.readers.map((r) => this.pump(r)));
   }
 
-  private readonly poke = (): void => {
-    this.dirty = true;
-    const w = this.wake;
-    this.wake = null;
-    w?.();
-  };
-
-  /**
-   * Sends what the first subscriber with records has: one batch per channel
-   * fetched, while the window allows. False if no subscriber had records.
-   */
-  private async sendOne(): Promise<boolean> {
-    const { session, maxBatchBytes, window } = this.opts;
+  private async pump(reader: CursorReader<StoredEnvelope>): Promise<void> {
+    const { session } = this.opts;
     const peerBytes = utf8Bytes(session.peer.name);
-    for (const sub of this.subs) {
-      const after = this.sent.get(sub)!;
-      const recs = await sub.fetchRaw({ max: 10_000, maxBytes: maxBatchBytes - 1024, after: new Map(after) });
-      if (recs.length === 0) continue;
-      const byChannel = new Map<string, typeof recs>();
-      for (const r of recs) {
-        const list = byChannel.get(r.channel);
-        if (list) list.push(r);
-        else byChannel.set(r.channel, [r]);
-      }
-      for (const [channel, mine] of byChannel) {
-        // Channels not sent now are fetched again next round: their position does not move.
-        if (this.inflight.size >= window) break;
-        const covers = mine[mine.length - 1]!.seq;
-        after.set(channel, covers + 1);
-        const looped = mine.filter((r) => routeIncludes(r.body, r.view, peerBytes));
+    while (!this.stopped && session.state === "open") {
+      const ds = await reader.next();
+      if (ds === null || this.stopped || session.state !== "open") return;
+      for (const d of ds) {
+        const looped = d.records.filter((r) => routeIncludes(r.body, r.view, peerBytes));
         this.loopSkipped += looped.length;
         // One batch is one channel: the peer's rules are checked once, not per record.
-        const allowed = this.opts.allow?.(channel) ?? true;
-        const toSend = allowed ? mine.filter((r) => !routeIncludes(r.body, r.view, peerBytes)) : [];
+        const allowed = this.opts.allow?.(d.channel) ?? true;
+        const toSend = !allowed ? [] : looped.length === 0 ? d.records : d.records.filter((r) => !routeIncludes(r.body, r.view, peerBytes));
         if (toSend.length === 0) {
-          // Nothing the peer may or should get. If a batch of this channel is still unacknowledged,
-          // it now also covers these (acks come in order); acking here would skip past it.
-          const pending = [...this.inflight.values()].reverse().find((f) => f.sub === sub && f.channel === channel);
-          if (pending) pending.covers = covers;
-          else {
-            const log = this.opts.messenger.channelLog(channel);
-            if (log) sub.ack(log, covers);
-          }
+          // Nothing the peer may or should get: done at once (the cursor still waits for any
+          // earlier batch of the channel that is unacknowledged).
+          reader.ack(d);
           continue;
         }
         const batch = this.nextBatch++;
-        this.inflight.set(batch, { sub, channel, covers });
-        session.send(batchFrame({ batch, channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body) }));
+        this.inflight.set(batch, { reader, delivery: d });
+        session.send(batchFrame({ batch, channel: d.channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body) }));
       }
-      return true;
+      await session.writable();
     }
-    return false;
   }
 
   /** An ACK from the peer: the cursor moves past what the batch covered. */
   onAck(ack: Ack): void {
     const f = this.inflight.get(ack.batch);
-    if (!f || f.channel !== ack.channel) {
+    if (!f || f.delivery.channel !== ack.channel) {
       this.opts.logger.warn("ack for an unknown batch ignored", { peer: this.opts.session.peer.name, batch: ack.batch, channel: ack.channel });
       return;
     }
     this.inflight.delete(ack.batch);
-    const log = this.opts.messenger.channelLog(f.channel);
-    if (log) f.sub.ack(log, f.covers);
-    const w = this.wake;
-    this.wake = null;
-    w?.();
+    f.reader.ack(f.delivery);
   }
 
   /** Per channel: messages and bytes stored here that the peer has not acknowledged yet. */
@@ -203,7 +165,7 @@ export class Forwarder {
   /** Stops sending; unacknowledged batches are sent again by the next session. */
   stop(): void {
     this.stopped = true;
-    this.poke();
+    for (const r of this.readers) r.stop();
     if (this.opts.volatile) for (const sub of this.subs) this.opts.messenger.dropVolatileSubscriber(sub);
   }
 }

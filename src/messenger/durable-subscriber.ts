@@ -6,7 +6,7 @@
  */
 import { scanEnvelope, type EnvelopeView } from "../envelope/scan.ts";
 import { decodeEnvelope, type Message } from "../envelope/envelope.ts";
-import { InvalidArgumentError } from "../errors.ts";
+import { InvalidArgumentError, UnknownChannelError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { ChannelLog } from "../store/channel-log.ts";
 import type { CursorState, CursorStore } from "../store/cursor-store.ts";
@@ -17,6 +17,8 @@ export interface DurableSubscriberHost {
   readonly logger: Logger;
   /** Logs of the channels the pattern matches now. */
   matchingLogs(pattern: string): ChannelLog[];
+  /** The log of `channel`, if it exists. */
+  log(channel: string): ChannelLog | undefined;
   /** Subscribes to "a matching channel was created"; returns the remover. */
   onMatchingChannel(pattern: string, fn: () => void): () => void;
   noteSent(channel: string, count: number, redelivered: number): void;
@@ -51,7 +53,7 @@ export class DurableSubscriber {
   private readonly state: CursorState;
   /** Highest seq ever handed out per channel, to count redeliveries. */
   private readonly highWater = new Map<string, number>();
-  private readonly ackWaiters = new Set<() => void>();
+  private readonly ackListeners = new Set<(channel: string, cursor: number) => void>();
   private rotate = 0;
 
   /** @internal Made by `Messenger.openSubscriber`. */
@@ -67,8 +69,14 @@ export class DurableSubscriber {
     this.host.cursors.touch(this.state, now);
   }
 
-  /** The acked position (next seq to deliver) on `channel`. */
-  cursor(log: ChannelLog): number {
+  /** The acked position (next seq to deliver) on `channel`; undefined for a channel that does not exist. */
+  cursorOf(channel: string): number | undefined {
+    const log = this.host.log(channel);
+    return log ? this.cursor(log) : undefined;
+  }
+
+  /** The acked position (next seq to deliver) on the channel of `log`. */
+  private cursor(log: ChannelLog): number {
     const c = this.state.cursors[log.name];
     if (c === undefined) {
       const from = this.state.from;
@@ -165,37 +173,32 @@ export class DurableSubscriber {
 
   /**
    * Cumulative ack: everything up to and including `seq` on `channel` is
-   * done. Never moves the cursor back; a seq past the end is refused.
-   * Returns the new cursor.
+   * done. Never moves the cursor back; a seq past the end is refused, as is
+   * a channel that does not exist (`UnknownChannelError`). Returns the new
+   * cursor.
    */
-  ack(log: ChannelLog, seq: number): number {
+  ack(channel: string, seq: number): number {
+    const log = this.host.log(channel);
+    if (!log) throw new UnknownChannelError(channel);
     if (!Number.isInteger(seq) || seq < 0) throw new InvalidArgumentError("seq must be a non-negative integer");
     if (seq >= log.nextSeq) throw new InvalidArgumentError(`seq ${seq} is past the end of channel ${log.name} (next seq ${log.nextSeq})`);
     const cur = this.cursor(log);
     if (seq + 1 > cur) {
       this.host.cursors.set(this.state, log.name, seq + 1);
       this.host.noteAcked(log.name, seq + 1 - cur);
-      for (const w of [...this.ackWaiters]) w();
+      for (const l of [...this.ackListeners]) l(log.name, seq + 1);
     }
     return Math.max(cur, seq + 1);
   }
 
-  /** Resolves true at the next ack of this subscriber; false after `timeoutMs` or on `signal`. */
-  waitForAck(timeoutMs: number, signal?: AbortSignal): Promise<boolean> {
-    if (signal?.aborted) return Promise.resolve(false);
-    return new Promise<boolean>((resolve) => {
-      const finish = (v: boolean) => {
-        clearTimeout(timer);
-        this.ackWaiters.delete(onAck);
-        signal?.removeEventListener("abort", onAbort);
-        resolve(v);
-      };
-      const onAck = () => finish(true);
-      const onAbort = () => finish(false);
-      const timer = setTimeout(() => finish(false), timeoutMs);
-      this.ackWaiters.add(onAck);
-      signal?.addEventListener("abort", onAbort, { once: true });
-    });
+  /**
+   * Calls `fn` with the channel and the new cursor whenever an ack moves
+   * this subscriber's cursor, from whichever consumer it came (a stream's
+   * client may ack by HTTP); returns the remover.
+   */
+  onAck(fn: (channel: string, cursor: number) => void): () => void {
+    this.ackListeners.add(fn);
+    return () => this.ackListeners.delete(fn);
   }
 
   /**

@@ -161,6 +161,7 @@ export class Messenger {
       cursors,
       logger: this.cfg.logger,
       matchingLogs: (pattern) => this.matchingLogs(pattern),
+      log: (channel) => this.store.get(channel),
       onMatchingChannel: (pattern, fn) => {
         const w = { pattern, fn };
         this.channelWatchers.add(w);

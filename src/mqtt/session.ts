@@ -10,7 +10,9 @@ import mqtt from "mqtt-packet";
 import type { IConnectPacket, IPublishPacket, ISubscribePacket, IUnsubscribePacket, Packet } from "mqtt-packet";
 import type { Message } from "../envelope/envelope.ts";
 import type { Messenger } from "../messenger/messenger.ts";
-import type { DurableSubscriber, Positions } from "../messenger/durable-subscriber.ts";
+import { CursorReader, type Delivery as ReaderDelivery, MESSAGES } from "../messenger/cursor-reader.ts";
+import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
+import { Window } from "../messenger/window.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
 import { channelToTopic, filterToPattern, topicToChannel } from "./topics.ts";
@@ -97,8 +99,8 @@ const CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
 
 /** A QoS 1 message sent to the client and not yet acknowledged. */
 interface InFlight {
-  /** The subscription it came from; null for a retained message sent on subscribe. */
-  delivery: Delivery | null;
+  /** The subscription and its reader's delivery it came from; null for a retained message sent on subscribe. */
+  from: { subscription: Delivery; delivery: ReaderDelivery<Message> } | null;
   channel: string;
   seq: number;
 }
@@ -111,111 +113,64 @@ interface PendingAck {
   error: unknown;
 }
 
-/** One subscription of a session: a reader of the log and the QoS 1 messages in flight. */
+/**
+ * One subscription of a session: a cursor reader of its durable subscriber,
+ * drawing on the session's window (the receive maximum spans every
+ * subscription), one message per delivery.
+ */
 class Delivery {
   readonly pattern: string;
   /** Granted QoS; a SUBSCRIBE to the same filter again may change it in place. */
   qos: 0 | 1;
-  private readonly sub: DurableSubscriber;
+  private readonly reader: CursorReader<Message>;
   private readonly session: MqttSession;
-  private readonly sent: Positions;
-  /** Per channel, seqs sent and not yet acknowledged, in order, with whether each was. */
-  private readonly pending = new Map<string, { seq: number; acked: boolean }[]>();
-  private stopped = false;
-  private dirty = true;
-  private wake: (() => void) | null = null;
-  private unwatch: (() => void) | null = null;
-
   /** A durable subscriber (kept while the client is away), not a live-only one. */
   readonly durable: boolean;
 
   constructor(session: MqttSession, sub: DurableSubscriber, pattern: string, qos: 0 | 1, durable: boolean) {
     this.durable = durable;
     this.session = session;
-    this.sub = sub;
     this.pattern = pattern;
     this.qos = qos;
-    this.sent = sub.positions();
+    this.reader = new CursorReader(sub, { form: MESSAGES, window: session.window, unit: "record", maxRecords: 500 });
   }
 
   start(): void {
-    this.unwatch = this.sub.watch(() => this.poke());
     void this.run().catch((err) => this.session.fail(`delivery failed: ${String(err)}`));
   }
 
-  private poke(): void {
-    this.dirty = true;
-    const w = this.wake;
-    this.wake = null;
-    w?.();
-  }
-
   private async run(): Promise<void> {
-    while (!this.stopped) {
-      const room = this.session.room();
-      if (room <= 0 || !this.dirty) {
-        await new Promise<void>((r) => (this.wake = r));
-        continue;
-      }
-      this.dirty = false;
-      const msgs = await this.sub.fetch({ max: Math.min(room, 500), after: this.sent });
-      if (this.stopped) return;
-      for (const m of msgs) {
+    for (;;) {
+      const ds = await this.reader.next();
+      if (ds === null) return;
+      for (const d of ds) {
+        const m = d.records[0]!;
         if (!this.session.mayReceive(m.channel)) {
           // Outside the user's subscribe rules: passed over, as a hub passes over what a peer may not get.
-          const log = this.session.host.messenger.channelLog(m.channel);
-          if (log && this.qos === 0) this.sub.ack(log, m.seq);
-          else this.acked(m.channel, m.seq, true);
-          continue;
-        }
-        if (this.qos === 0) {
+          this.reader.ack(d);
+        } else if (this.qos === 0) {
           this.session.deliver(m, 0, null);
-          const log = this.session.host.messenger.channelLog(m.channel);
-          if (log) this.sub.ack(log, m.seq);
+          this.reader.ack(d);
         } else {
-          const list = this.pending.get(m.channel) ?? [];
-          list.push({ seq: m.seq, acked: false });
-          this.pending.set(m.channel, list);
-          this.session.deliver(m, 1, this);
+          this.session.deliver(m, 1, { subscription: this, delivery: d });
         }
       }
-      if (msgs.length > 0) this.dirty = true; // there may be more
       // A client that reads slower than messages come (QoS 0 has no window) holds its delivery here.
       await this.session.writable();
     }
   }
 
-  /** The client acknowledged `seq` on `channel`: the cursor moves past every acknowledged prefix. */
-  acked(channel: string, seq: number, skipped = false): void {
-    if (skipped) {
-      const l = this.pending.get(channel) ?? [];
-      l.push({ seq, acked: true });
-      this.pending.set(channel, l);
-    }
-    const list = this.pending.get(channel);
-    if (!list) return;
-    const e = list.find((x) => x.seq === seq);
-    if (e) e.acked = true;
-    let upto = -1;
-    while (list.length > 0 && list[0]!.acked) upto = list.shift()!.seq;
-    const log = this.session.host.messenger.channelLog(channel);
-    if (upto >= 0 && log) this.sub.ack(log, upto);
-    this.poke();
-  }
-
-  /** A slot in the window opened (some other delivery got an ack). */
-  nudge(): void {
-    this.poke();
+  /** The client acknowledged `d` (or it was passed over): the cursor moves past every acknowledged prefix. */
+  acked(d: ReaderDelivery<Message>): void {
+    this.reader.ack(d);
   }
 
   stop(): void {
-    this.stopped = true;
-    this.unwatch?.();
-    this.poke();
+    this.reader.stop();
   }
 
   get subscriber(): DurableSubscriber {
-    return this.sub;
+    return this.reader.sub;
   }
 }
 
@@ -245,6 +200,8 @@ export class MqttSession {
   private readonly deliveries = new Map<string, Delivery>();
   /** QoS 1 messages sent and not acknowledged, by packet id. */
   private readonly inflight = new Map<number, InFlight>();
+  /** QoS 1 messages in flight to the client, over every subscription and retained messages. */
+  readonly window: Window;
   private nextId = 1;
   /** QoS 2 publishes stored and not yet released, by packet id. */
   private readonly qos2 = new Map<number, Promise<unknown>>();
@@ -255,6 +212,7 @@ export class MqttSession {
   constructor(host: SessionHost, wire: Wire) {
     this.host = host;
     this.wire = wire;
+    this.window = new Window(Math.min(host.cfg.maxInflight, this.clientReceiveMax));
     this.parser = mqtt.parser({ protocolVersion: 5 });
     this.parser.on("packet", (p: Packet) => this.queue(p));
     this.parser.on("error", (err: Error) => this.fail(`malformed packet: ${err.message}`));
@@ -367,7 +325,7 @@ export class MqttSession {
 
   /** Room for more QoS 1 messages in flight to this client. */
   room(): number {
-    return Math.min(this.host.cfg.maxInflight, this.clientReceiveMax) - this.inflight.size;
+    return this.window.room();
   }
 
   /** MQTT 5 CONNECT: QoS 1 messages the client takes unacknowledged, and its largest packet. */
@@ -481,7 +439,10 @@ export class MqttSession {
     }
     this.keepalive = p.keepalive ?? 0;
     const props = p.properties as { receiveMaximum?: number; maximumPacketSize?: number } | undefined;
-    if (this.version === 5 && props?.receiveMaximum) this.clientReceiveMax = props.receiveMaximum;
+    if (this.version === 5 && props?.receiveMaximum) {
+      this.clientReceiveMax = props.receiveMaximum;
+      this.window.resize(Math.min(this.host.cfg.maxInflight, this.clientReceiveMax));
+    }
     if (this.version === 5 && props?.maximumPacketSize) this.clientMaxPacket = props.maximumPacketSize;
     this.connected = true;
     this.host.claim(id, this);
@@ -656,8 +617,9 @@ export class MqttSession {
         continue;
       }
       if (this.room() <= 0) break; // the rest when acknowledgements make room
-      // Not from a subscriber's log: its acknowledgement moves no cursor.
-      this.send({ ...base, qos: 1, messageId: this.takeId({ delivery: null, channel: r.channel, seq: -1 }) } as Packet);
+      // Not from a subscriber's log: its acknowledgement moves no cursor, only gives its room back.
+      this.window.take(0);
+      this.send({ ...base, qos: 1, messageId: this.takeId({ from: null, channel: r.channel, seq: -1 }) } as Packet);
     }
     if (i > 0) this.retainedOut = this.retainedOut.slice(i);
   }
@@ -710,22 +672,23 @@ export class MqttSession {
   }
 
   /** @internal Sends one stored message to the client. */
-  deliver(m: Message, qos: 0 | 1, delivery: Delivery | null): void {
+  deliver(m: Message, qos: 0 | 1, from: InFlight["from"]): void {
     const topic = channelToTopic(m.channel);
     const payload = bytesOf(m.payload);
     if (!this.fits(topic, payload.length, qos)) {
       // Counted as delivered: the cursor moves past it.
-      if (qos === 1 && delivery) delivery.acked(m.channel, m.seq);
+      if (qos === 1 && from) from.subscription.acked(from.delivery);
       return;
     }
-    if (qos === 0 || !delivery) {
+    if (qos === 0 || !from) {
       this.send({ cmd: "publish", topic, payload, qos: 0, retain: false, dup: false } as Packet);
       return;
     }
-    const id = this.takeId({ delivery, channel: m.channel, seq: m.seq });
+    const id = this.takeId({ from, channel: m.channel, seq: m.seq });
     // Only a durable subscription gets anything again (a live one's unacknowledged messages go with it).
-    const dup = delivery.durable && this.host.sessions.sentBefore(this.clientId, m.channel, m.seq);
-    if (delivery.durable) this.host.sessions.sending(this.clientId, m.channel, m.seq);
+    const durable = from.subscription.durable;
+    const dup = durable && this.host.sessions.sentBefore(this.clientId, m.channel, m.seq);
+    if (durable) this.host.sessions.sending(this.clientId, m.channel, m.seq);
     this.send({ cmd: "publish", topic, payload, qos: 1, messageId: id, retain: false, dup } as Packet);
   }
 
@@ -733,8 +696,9 @@ export class MqttSession {
     const f = this.inflight.get(id);
     if (!f) return;
     this.inflight.delete(id);
-    f.delivery?.acked(f.channel, f.seq);
+    // Either gives its room in the window back, which wakes every subscription waiting for it.
+    if (f.from) f.from.subscription.acked(f.from.delivery);
+    else this.window.give(0);
     if (this.retainedOut.length > 0) this.sendRetained();
-    for (const d of this.deliveries.values()) if (d !== f.delivery) d.nudge();
   }
 }

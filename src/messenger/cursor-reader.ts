@@ -1,0 +1,249 @@
+/**
+ * One consumer reading a durable subscriber: the one loop of watch → fetch
+ * → wake, the window of what was sent and not yet acknowledged, and which
+ * acknowledgements form a contiguous run that may move the cursor.
+ *
+ * Every push consumer is a thin adapter over it: a federation forwarder
+ * (one delivery = the records of one channel in one BATCH), an MQTT
+ * subscription and an HTTP stream (one delivery = one message). The
+ * adapter decides what to do with a delivery (send it, or pass over it)
+ * and acknowledges it; the reader moves the persisted cursor only past a
+ * prefix of acknowledged deliveries, so whatever was sent and not
+ * acknowledged comes again after a reconnect or a restart.
+ */
+import type { Message } from "../envelope/envelope.ts";
+import type { DurableSubscriber, FetchOptions, Positions, StoredEnvelope } from "./durable-subscriber.ts";
+import type { Window } from "./window.ts";
+
+/** How records are fetched and what they are. */
+export interface RecordForm<T> {
+  fetch(sub: DurableSubscriber, opts: FetchOptions): Promise<T[]>;
+  channel(r: T): string;
+  seq(r: T): number;
+  /** Bytes the window counts for the record. */
+  bytes(r: T): number;
+}
+
+/** Decoded messages (MQTT, HTTP streams). Their window is a count: a receive maximum, max_inflight. */
+export const MESSAGES: RecordForm<Message> = {
+  fetch: (sub, opts) => sub.fetch(opts),
+  channel: (m) => m.channel,
+  seq: (m) => m.seq,
+  bytes: () => 0,
+};
+
+/** Stored envelopes as they are on disk (federation: forwarded as stored, never decoded). */
+export const STORED: RecordForm<StoredEnvelope> = {
+  fetch: (sub, opts) => sub.fetchRaw(opts),
+  channel: (r) => r.channel,
+  seq: (r) => r.seq,
+  bytes: (r) => r.body.length,
+};
+
+/** Records sent together and acknowledged together. */
+export interface Delivery<T> {
+  readonly channel: string;
+  readonly records: T[];
+  /** Seq of the last record: acknowledging the delivery acknowledges through it. */
+  readonly last: number;
+  readonly bytes: number;
+}
+
+/** How a reader runs. */
+export interface CursorReaderOptions<T> {
+  form: RecordForm<T>;
+  /** What it may have in flight; may be shared with other readers. */
+  window: Window;
+  /** "record": each record is a delivery; "run": the records of one channel in one fetch are. */
+  unit: "record" | "run";
+  /** Most records per fetch. */
+  maxRecords: number;
+  /** About the most body bytes per fetch (at least one record is fetched). */
+  maxBytes?: number;
+}
+
+/** The reader of one durable subscriber for one consumer. */
+export class CursorReader<T> {
+  readonly sub: DurableSubscriber;
+  private readonly opts: CursorReaderOptions<T>;
+  /** Next seq to fetch per channel: past everything handed out. */
+  private readonly sent: Positions;
+  /** Per channel, deliveries handed out and not yet behind the cursor, in order. */
+  private readonly pending = new Map<string, Delivery<T>[]>();
+  private readonly handedOut = new WeakSet<Delivery<T>>();
+  private readonly acked = new WeakSet<Delivery<T>>();
+  private readonly offs: (() => void)[] = [];
+  private watching = false;
+  private stopped = false;
+  /** Something was committed, acknowledged or created since the last fetch began. */
+  private dirty = true;
+  private wake: (() => void) | null = null;
+
+  constructor(sub: DurableSubscriber, opts: CursorReaderOptions<T>) {
+    this.sub = sub;
+    this.opts = opts;
+    // Start at the acked cursor: what an earlier consumer was sent and did not acknowledge comes again.
+    this.sent = sub.positions();
+    this.offs.push(
+      opts.window.onRoom(this.poke),
+      sub.onAck((channel, cursor) => this.behindCursor(channel, cursor)),
+    );
+  }
+
+  /** Deliveries handed out and not yet acknowledged. */
+  get inflight(): number {
+    let n = 0;
+    for (const list of this.pending.values()) for (const d of list) if (!this.acked.has(d)) n++;
+    return n;
+  }
+
+  /**
+   * The next deliveries, once there are records past what was handed out
+   * and room in the window; [] when `idleMs` passed without (a consumer's
+   * keep-alive), null once stopped or on `signal`.
+   */
+  async next(opts: { idleMs?: number; signal?: AbortSignal } = {}): Promise<Delivery<T>[] | null> {
+    const { window, unit, form } = this.opts;
+    if (!this.watching) {
+      // Commits and new channels only set a flag and wake the loop; set before a fetch starts,
+      // the flag cannot miss a commit that lands while the fetch runs.
+      this.watching = true;
+      this.offs.push(this.sub.watch(this.poke));
+    }
+    const deadline = opts.idleMs === undefined ? Number.POSITIVE_INFINITY : performance.now() + opts.idleMs;
+    while (!this.stopped && !opts.signal?.aborted) {
+      const room = window.room();
+      if (room > 0 && this.dirty) {
+        this.dirty = false;
+        const after = new Map(this.sent);
+        const max = unit === "record" ? Math.min(room, this.opts.maxRecords) : this.opts.maxRecords;
+        const recs = await form.fetch(this.sub, { max, maxBytes: this.opts.maxBytes, after });
+        if (this.stopped || opts.signal?.aborted) return null;
+        if (recs.length > 0) {
+          this.dirty = true; // there may be more
+          const out = this.deliveries(recs, room);
+          if (out.length > 0) return out;
+          continue;
+        }
+      }
+      if (!this.dirty || window.room() <= 0) {
+        const left = deadline - performance.now();
+        if (left <= 0) return [];
+        await this.sleep(left, opts.signal);
+      }
+    }
+    return null;
+  }
+
+  /** The consumer is done with `d` (the peer or client acknowledged it, or it was passed over). */
+  ack(d: Delivery<T>): void {
+    if (!this.handedOut.has(d) || this.acked.has(d)) return;
+    this.acked.add(d);
+    this.opts.window.give(d.bytes);
+    // After `stop` an acknowledgement only gives its room back (an MQTT client acking after
+    // unsubscribing); the subscriber may be gone.
+    const list = this.pending.get(d.channel);
+    if (this.stopped || !list) return;
+    let upto = -1;
+    for (const x of list) {
+      if (!this.acked.has(x)) break;
+      upto = x.last;
+    }
+    // The subscriber's ack listener (behindCursor) drops the acknowledged prefix.
+    if (upto >= 0) this.sub.ack(d.channel, upto);
+  }
+
+  /**
+   * Cumulative acknowledgement from a client: everything on `channel` up to
+   * and including `seq`. Returns the new cursor.
+   */
+  ackThrough(channel: string, seq: number): number {
+    return this.sub.ack(channel, seq);
+  }
+
+  /**
+   * Stops the loop (a waiting `next` returns null) and lets go of the
+   * subscriber. What is in flight keeps its room in the window until it is
+   * acknowledged; unacknowledged, it comes again from the cursor next time.
+   */
+  stop(): void {
+    this.stopped = true;
+    for (const off of this.offs.splice(0)) off();
+    this.poke();
+  }
+
+  /** Groups fetched records into deliveries within `room`, marks them handed out and taken from the window. */
+  private deliveries(recs: T[], room: number): Delivery<T>[] {
+    const { form, window, unit } = this.opts;
+    const out: Delivery<T>[] = [];
+    const add = (channel: string, records: T[]) => {
+      let bytes = 0;
+      for (const r of records) bytes += form.bytes(r);
+      const d: Delivery<T> = { channel, records, last: form.seq(records[records.length - 1]!), bytes };
+      window.take(bytes);
+      this.handedOut.add(d);
+      const list = this.pending.get(channel);
+      if (list) list.push(d);
+      else this.pending.set(channel, [d]);
+      this.sent.set(channel, d.last + 1);
+      out.push(d);
+    };
+    if (unit === "record") {
+      for (const r of recs) add(form.channel(r), [r]);
+      return out;
+    }
+    const byChannel = new Map<string, T[]>();
+    for (const r of recs) {
+      const c = form.channel(r);
+      const list = byChannel.get(c);
+      if (list) list.push(r);
+      else byChannel.set(c, [r]);
+    }
+    // Channels past the room are fetched again next time: their position does not move.
+    for (const [channel, records] of byChannel) {
+      if (out.length >= room) break;
+      add(channel, records);
+    }
+    return out;
+  }
+
+  /** The cursor of `channel` moved to `cursor`: deliveries behind it are done, whoever acknowledged them. */
+  private behindCursor(channel: string, cursor: number): void {
+    const list = this.pending.get(channel);
+    if (list) {
+      let k = 0;
+      for (; k < list.length && list[k]!.last < cursor; k++) {
+        const d = list[k]!;
+        if (!this.acked.has(d)) {
+          this.acked.add(d);
+          this.opts.window.give(d.bytes);
+        }
+      }
+      if (k === list.length) this.pending.delete(channel);
+      else if (k > 0) list.splice(0, k);
+    }
+    if ((this.sent.get(channel) ?? 0) < cursor) this.sent.set(channel, cursor);
+    this.poke();
+  }
+
+  private readonly poke = (): void => {
+    this.dirty = true;
+    const w = this.wake;
+    this.wake = null;
+    w?.();
+  };
+
+  private sleep(ms: number, signal?: AbortSignal): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener("abort", done);
+        if (this.wake === done) this.wake = null;
+        resolve();
+      };
+      const timer = Number.isFinite(ms) ? setTimeout(done, ms) : undefined;
+      signal?.addEventListener("abort", done, { once: true });
+      this.wake = done;
+    });
+  }
+}
