@@ -10,7 +10,7 @@
  */
 import { assertChannel, isWildcard } from "../envelope/names.ts";
 import { envelopeJson } from "../envelope/json.ts";
-import { BadRequestError, UnknownChannelError, UnknownSubscriberError } from "../errors.ts";
+import { BadRequestError, UnknownSubscriberError } from "../errors.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
 import { fromParam, intParam, json, readBody, requiredParam } from "./http.ts";

@@ -17,11 +17,10 @@ import { publishLabels } from "../messenger/context.ts";
 import { createLogger, type Logger } from "../observability/logger.ts";
 import { connectMtls } from "../pki/mtls.ts";
 import { loadTlsMaterial, type TlsFiles, type TlsMaterial } from "../pki/tls.ts";
-import { backoffDelay, HEALTHY_AFTER_MS, splitHostPort } from "./dial.ts";
-import { PROTOCOL_VERSION } from "./frame.ts";
+import { type AttemptControl, Redialer, splitHostPort } from "./redial.ts";
 import { buildEnvelope } from "../envelope/build.ts";
-import { ackFrame, batchFrame, type Ack, type Batch } from "./messages.ts";
-import { HANDSHAKE_TIMEOUT_MS, type PeerSession, sessionHandler } from "./session.ts";
+import { ackFrame, batchFrame, clientHello, type Ack, type Batch } from "./messages.ts";
+import { type PeerSession, sessionHandler } from "./session.ts";
 
 /** How an EphemeralMessenger connects and behaves. */
 export interface EphemeralConfig {
@@ -102,7 +101,7 @@ export class EphemeralMessenger {
   private delivery: Promise<void> = Promise.resolve();
   private fatal: KeyopError | null = null;
   private loop: Promise<void> | null = null;
-  private wakeSleep: (() => void) | null = null;
+  private readonly closing = new AbortController();
   private firstOpen: { resolve: () => void; reject: (e: unknown) => void } | null = null;
   /** Times the connection was (re)established. */
   connects = 0;
@@ -216,8 +215,8 @@ export class EphemeralMessenger {
   async close(): Promise<void> {
     if (this.state === "closed") return;
     this.state = "closed";
-    this.wakeSleep?.();
     this.session?.close("shutdown", "client closing");
+    this.closing.abort("client closing");
     this.failInflight();
     for (const p of this.queue.splice(0)) p.reject(new ClosedError("ephemeral messenger closed before the message was sent"));
     for (const w of this.roomWaiters.splice(0)) w();
@@ -228,13 +227,20 @@ export class EphemeralMessenger {
   }
 
   private async run(): Promise<void> {
-    let attempt = 0;
-    while (this.state !== "closed") {
+    const redialer = new Redialer({
+      baseMs: this.cfg.reconnectBaseMs,
+      maxMs: this.cfg.reconnectMaxMs,
+      jitter: this.cfg.reconnectJitter,
+      onBackoff: (delay, ended) => {
+        this.logger.info("ephemeral connection ended, reconnecting", { hub: this.cfg.hub, reason: ended.reason, delay_ms: delay });
+        this.state = "backoff";
+      },
+    });
+    await redialer.run(async (ctl) => {
       this.state = "connecting";
-      const reason = await this.oneSession();
-      if ((this.state as string) === "closed") return;
-      const session = this.session;
+      const reason = await this.oneSession(ctl);
       this.session = null;
+      if ((this.state as string) === "closed") return { reason, retry: false };
       this.failInflight();
       if (this.fatal) {
         for (const p of this.queue.splice(0)) p.reject(this.fatal);
@@ -243,7 +249,7 @@ export class EphemeralMessenger {
         this.firstOpen = null;
         this.state = "down";
         this.cfg.onFatal?.(this.fatal);
-        return;
+        return { reason, retry: false };
       }
       if (!this.cfg.autoReconnect) {
         this.firstOpen?.reject(new NotConnectedError(`could not connect to ${this.cfg.hub}: ${reason}`));
@@ -251,39 +257,30 @@ export class EphemeralMessenger {
         for (const p of this.queue.splice(0)) p.reject(new NotConnectedError(`connection to ${this.cfg.hub} ended before the message was sent: ${reason}`));
         for (const w of this.roomWaiters.splice(0)) w();
         this.state = "down";
-        return;
+        return { reason, retry: false };
       }
-      const healthy = session !== null && Date.now() - session.connectedAt > HEALTHY_AFTER_MS;
-      attempt = healthy ? 1 : attempt + 1;
-      const delay = backoffDelay(attempt, this.cfg.reconnectBaseMs, this.cfg.reconnectMaxMs, this.cfg.reconnectJitter);
-      this.logger.info("ephemeral connection ended, reconnecting", { hub: this.cfg.hub, reason, delay_ms: delay });
-      this.state = "backoff";
-      await new Promise<void>((r) => {
-        const t = setTimeout(r, delay);
-        this.wakeSleep = () => {
-          clearTimeout(t);
-          r();
-        };
-      });
-      this.wakeSleep = null;
-    }
+      return { reason, retry: true };
+    }, this.closing.signal);
   }
 
   /** One connection attempt and, if it opens, its session; resolves with why it ended. */
-  private oneSession(): Promise<string> {
+  private oneSession(ctl: AttemptControl): Promise<string> {
     return new Promise<string>((resolveEnded) => {
       let ended = false;
       const end = (why: string) => {
         if (ended) return;
         ended = true;
-        clearTimeout(deadline);
         resolveEnded(why);
       };
-      // A connection that never gets to a session (TLS refused, hub gone mid-handshake) ends here.
-      const deadline = setTimeout(() => {
-        this.session?.close("handshake_timeout", "no session within the time limit", true);
-        end("no session within the handshake time limit");
-      }, HANDSHAKE_TIMEOUT_MS + 2_000);
+      // The deadline passed (a connection that never got to a session), or the client is closing.
+      ctl.signal.addEventListener(
+        "abort",
+        () => {
+          if (this.state !== "closed") this.session?.close("handshake_timeout", "no session within the time limit", true);
+          end(String(ctl.signal.reason));
+        },
+        { once: true },
+      );
       const { hostname, port } = splitHostPort(this.cfg.hub);
       const material = this.material!;
       connectMtls<PeerSession>(
@@ -291,7 +288,10 @@ export class EphemeralMessenger {
         sessionHandler(
           { role: "client", maxBody: this.cfg.maxBatchBytes + 64 * 1024, heartbeatMs: this.cfg.heartbeatMs, logger: this.logger },
           {
-            onOpen: (s) => this.opened(s),
+            onOpen: (s) => {
+              ctl.opened();
+              this.opened(s);
+            },
             onBatch: (s, b) => this.received(s, b),
             onAck: (_s, a) => this.acked(a),
             onClose: (s, reason) => {
@@ -302,15 +302,9 @@ export class EphemeralMessenger {
           },
           (s) => {
             this.session = s;
-            s.sendHello({
-              versions: [PROTOCOL_VERSION],
-              name: material.name,
-              mode: "ephemeral",
-              publish: [">"],
-              subscribe: this.cfg.subscribe,
-              heartbeatMs: this.cfg.heartbeatMs,
-              maxBatchBytes: this.cfg.maxBatchBytes,
-            });
+            s.sendHello(
+              clientHello({ name: material.name, mode: "ephemeral", publish: [">"], subscribe: this.cfg.subscribe, heartbeatMs: this.cfg.heartbeatMs, maxBatchBytes: this.cfg.maxBatchBytes }),
+            );
           },
         ),
       ).catch((err) => end(`connect failed: ${err instanceof Error ? err.message : String(err)}`));

@@ -16,15 +16,13 @@ import { RecentIds } from "./dedup.ts";
 import { envelopeId, scanEnvelope } from "../envelope/scan.ts";
 import { backlogOf, cursorName, Forwarder, type ChannelBacklog } from "./forwarder.ts";
 import { PROTOCOL_VERSION } from "./frame.ts";
-import { closeFrame } from "./messages.ts";
+import { clientHello, closeFrame } from "./messages.ts";
 import { Receiver } from "./receiver.ts";
-import { HANDSHAKE_TIMEOUT_MS, type PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
-import { backoffDelay, HEALTHY_AFTER_MS, splitHostPort } from "./dial.ts";
+import { type PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
+import { type AttemptControl, type AttemptEnd, Redialer, splitHostPort } from "./redial.ts";
 
 /** The parts of the agent's configuration federation runs on. */
 export type FederationConfig = Pick<AgentConfig, "hub" | "links" | "federation" | "dedup" | "audit">;
-
-export { backoffDelay } from "./dial.ts";
 
 /** What `/v1/status` shows of one link or hub peer. */
 export interface LinkStatus {
@@ -256,16 +254,17 @@ export class Federation {
         onEarlyClose: () => runner.closed("connection closed during the TLS handshake"),
       },
       sessionHandler(this.sessionOptions("client"), this.linkEvents(link, runner), (s) =>
-        s.sendHello({
-          versions: [PROTOCOL_VERSION],
-          name: this.messenger.name,
-          mode: "link",
-          publish: link.publish,
-          subscribe: link.subscribe,
-          heartbeatMs: this.cfg.federation.heartbeatMs,
-          maxBatchBytes: this.cfg.federation.maxBatchBytes,
-          ...(link.start === "earliest" ? { start: "earliest" as const } : {}),
-        }),
+        s.sendHello(
+          clientHello({
+            name: this.messenger.name,
+            mode: "link",
+            publish: link.publish,
+            subscribe: link.subscribe,
+            heartbeatMs: this.cfg.federation.heartbeatMs,
+            maxBatchBytes: this.cfg.federation.maxBatchBytes,
+            start: link.start,
+          }),
+        ),
       ),
     );
   }
@@ -388,44 +387,44 @@ class LinkRunner {
   lastPeer: string | null = null;
   private session: PeerSession | null = null;
   private state: LinkStatus["state"] = "connecting";
-  private attempt = 0;
-  private reconnects = 0;
   private lastError: string | null = null;
-  private ended: (() => void) | null = null;
-  private sleeping: ReturnType<typeof setTimeout> | null = null;
-  private wakeSleep: (() => void) | null = null;
+  private readonly redialer: Redialer;
+  private readonly stopping = new AbortController();
+  /** The attempt running now: how it learns its session opened, and how it is ended. */
+  private attempt: { ctl: AttemptControl; end: (reason: string) => void } | null = null;
 
   constructor(fed: Federation, link: LinkConfig) {
     this.fed = fed;
     this.link = link;
+    const b = fed.backoff;
+    this.redialer = new Redialer({
+      baseMs: b.reconnectBaseMs,
+      maxMs: b.reconnectMaxMs,
+      jitter: b.reconnectJitter,
+      onBackoff: () => {
+        this.session = null;
+        this.state = "backoff";
+      },
+    });
   }
 
   async run(): Promise<void> {
-    while (!this.fed.isStopped) {
-      this.state = "connecting";
-      const done = new Promise<void>((r) => (this.ended = r));
-      try {
-        await this.fed.connect(this.link, this);
-        // A connection that dies before TLS verification ends no session: give up on it after a while.
-        const deadline = setTimeout(() => this.state === "connecting" && this.closed("no session within the handshake time limit"), HANDSHAKE_TIMEOUT_MS + 2_000);
-        await done;
-        clearTimeout(deadline);
-      } catch (err) {
-        this.lastError = err instanceof Error ? err.message : String(err);
-      }
-      if (this.fed.isStopped) return;
-      const healthy = this.session !== null && Date.now() - this.session.connectedAt > HEALTHY_AFTER_MS;
-      this.session = null;
-      this.attempt = healthy ? 1 : this.attempt + 1;
-      this.reconnects++;
-      const b = this.fed.backoff;
-      const delay = backoffDelay(this.attempt, b.reconnectBaseMs, b.reconnectMaxMs, b.reconnectJitter);
-      this.state = "backoff";
-      await new Promise<void>((r) => {
-        this.wakeSleep = r;
-        this.sleeping = setTimeout(r, delay);
-      });
-    }
+    await this.redialer.run(
+      (ctl) =>
+        new Promise<AttemptEnd>((resolve) => {
+          this.state = "connecting";
+          const end = (reason: string) => {
+            if (this.attempt?.ctl !== ctl) return; // this attempt already ended (a refusal is followed by the socket's close)
+            this.attempt = null;
+            this.lastError = reason;
+            resolve({ reason, retry: !this.fed.isStopped });
+          };
+          this.attempt = { ctl, end };
+          ctl.signal.addEventListener("abort", () => end(String(ctl.signal.reason)), { once: true });
+          this.fed.connect(this.link, this).catch((err: unknown) => end(err instanceof Error ? err.message : String(err)));
+        }),
+      this.stopping.signal,
+    );
   }
 
   /** The link's configuration. */
@@ -438,14 +437,11 @@ class LinkRunner {
     this.lastPeer = s.peer.name;
     this.state = "open";
     this.lastError = null;
+    this.attempt?.ctl.opened();
   }
 
   closed(reason: string): void {
-    const e = this.ended;
-    if (!e) return; // this attempt already ended (a refusal is followed by the socket's close)
-    this.lastError = reason;
-    this.ended = null;
-    e();
+    this.attempt?.end(reason);
   }
 
   status(): LinkStatus {
@@ -456,7 +452,7 @@ class LinkRunner {
       state: this.state,
       peer: s?.peer.name ?? null,
       connected_since: s && this.state === "open" ? new Date(s.connectedAt).toISOString() : null,
-      reconnects: this.reconnects,
+      reconnects: this.redialer.reconnects,
       rtt_ms: s?.rttMs ?? null,
       unacked_batches: 0,
       stored: 0,
@@ -471,8 +467,7 @@ class LinkRunner {
   }
 
   stop(): void {
-    if (this.sleeping) clearTimeout(this.sleeping);
-    this.wakeSleep?.();
     this.closed("agent stopping");
+    this.stopping.abort("agent stopping");
   }
 }

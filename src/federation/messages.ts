@@ -115,6 +115,15 @@ function expectType(f: Frame, t: number, what: string): Record<string, unknown> 
   return f.body;
 }
 
+/**
+ * The HELLO a connecting side sends: this build's protocol versions, and
+ * `start` only when it is earliest (absent means latest).
+ */
+export function clientHello(h: Omit<Hello, "versions" | "start"> & { start?: "latest" | "earliest" }): Hello {
+  const { start, ...rest } = h;
+  return { versions: [PROTOCOL_VERSION], ...rest, ...(start === "earliest" ? { start } : {}) };
+}
+
 /** Encodes a HELLO frame. */
 export function helloFrame(h: Hello): Uint8Array {
   const body: Record<string, unknown> = { v: h.versions, name: h.name, mode: h.mode, pub: h.publish, sub: h.subscribe, hb: h.heartbeatMs, mbb: h.maxBatchBytes };
