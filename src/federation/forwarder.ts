@@ -11,21 +11,13 @@ import { CursorReader, type Delivery, STORED } from "../messenger/cursor-reader.
 import type { DurableSubscriber, StoredEnvelope } from "../messenger/durable-subscriber.ts";
 import { Window } from "../messenger/window.ts";
 import type { Logger } from "../observability/logger.ts";
+import type { Link } from "./link.ts";
 import { batchFrame, type Ack } from "./messages.ts";
-
-/** What a forwarder needs of a federation session (a `PeerSession` is one). */
-export interface ForwardLink {
-  readonly peer: { readonly name: string };
-  readonly state: "handshaking" | "open" | "closed";
-  send(frame: Uint8Array): unknown;
-  /** Resolves when the transport has room again. */
-  writable(): Promise<void>;
-}
 
 /** How a forwarder runs. */
 export interface ForwarderOptions {
   messenger: Messenger;
-  session: ForwardLink;
+  session: Link;
   /** Local channels to send. */
   patterns: string[];
   /** Only channels this accepts are sent (the hub's subscribe rules for the peer). */

@@ -12,7 +12,7 @@ import type { Logger } from "../observability/logger.ts";
 import type { AuditLog } from "./audit.ts";
 import type { RecentIds } from "./dedup.ts";
 import { ackFrame, type Batch } from "./messages.ts";
-import type { PeerSession } from "./session.ts";
+import type { Link } from "./link.ts";
 
 /** What a receiver needs. */
 export interface ReceiverOptions {
@@ -53,7 +53,7 @@ export class Receiver {
    * log keeps their order. Only the ACKs are chained: each goes out after
    * its own records and every earlier batch's are durable.
    */
-  handle(session: PeerSession, batch: Batch): void {
+  handle(session: Link, batch: Batch): void {
     this.queue.push({ session, batch });
     if (!this.scheduled) {
       this.scheduled = true;
@@ -62,7 +62,7 @@ export class Receiver {
   }
 
   /** Batches received and not yet checked. */
-  private readonly queue: { session: PeerSession; batch: Batch }[] = [];
+  private readonly queue: { session: Link; batch: Batch }[] = [];
   private scheduled = false;
 
   /**
@@ -90,7 +90,7 @@ export class Receiver {
   };
 
   /** Validates, filters and appends; resolves true once durable (false: the session was closed). */
-  private async store(session: PeerSession, batch: Batch): Promise<boolean> {
+  private async store(session: Link, batch: Batch): Promise<boolean> {
     if (session.state !== "open") return false;
     const { self, dedup, audit } = this.opts;
     const peer = session.peer.name;

@@ -61,6 +61,20 @@ export interface SessionEvents {
 /** Per-socket data slot the session lives in. */
 export type SessionSocket = MtlsSocket<PeerSession>;
 
+/**
+ * What a session needs of its connection: a verified TLS socket in the
+ * agent, an in-memory pipe in tests. The session hears back through
+ * `receive`, `drained` and `transportClosed`.
+ */
+export interface SessionTransport {
+  /** Writes what it can now; returns the bytes taken (fewer, or -1: the rest waits for `drained`). */
+  write(bytes: Uint8Array): number;
+  /** Ends the connection once what was written is out. */
+  end(): void;
+  /** Ends the connection at once (a peer that no longer reads). */
+  terminate(): void;
+}
+
 /** A federation session on one verified connection. */
 export class PeerSession {
   /** Who the peer is, from its certificate. */
@@ -74,7 +88,7 @@ export class PeerSession {
   rttMs: number | undefined;
   /** The CLOSE frame the peer ended the session with, if it sent one. */
   peerClose: { code: string; reason: string } | undefined;
-  private readonly socket: SessionSocket;
+  private readonly transport: SessionTransport;
   private readonly opts: SessionOptions;
   private readonly events: SessionEvents;
   private readonly decoder: FrameDecoder;
@@ -85,24 +99,18 @@ export class PeerSession {
   private timer: ReturnType<typeof setInterval> | null = null;
   private handshakeTimer: ReturnType<typeof setTimeout> | null = null;
 
-  private constructor(socket: SessionSocket, peer: PeerIdentity, opts: SessionOptions, events: SessionEvents) {
-    this.socket = socket;
+  /** A session on `transport` with the verified `peer`; the caller feeds it `receive`, `drained` and `transportClosed`. */
+  constructor(transport: SessionTransport, peer: PeerIdentity, opts: SessionOptions, events: SessionEvents) {
+    this.transport = transport;
     this.peer = peer;
     this.role = opts.role;
     this.opts = opts;
     this.events = events;
     this.decoder = new FrameDecoder(opts.maxBody);
-    this.out = new OutQueue((b) => socket.write(b), HIGH_WATER_BYTES);
+    this.out = new OutQueue((b) => transport.write(b), HIGH_WATER_BYTES);
     this.heartbeatMs = opts.heartbeatMs;
     this.handshakeTimer = setTimeout(() => this.state === "handshaking" && this.close("handshake_timeout", "no handshake within the time limit"), opts.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS);
     this.startHeartbeat();
-  }
-
-  /** Binds a session to a freshly verified socket. */
-  static attach(socket: SessionSocket, peer: PeerIdentity, opts: SessionOptions, events: SessionEvents): PeerSession {
-    const s = new PeerSession(socket, peer, opts, events);
-    socket.data.app = s;
-    return s;
   }
 
   /** Client: opens the handshake. */
@@ -127,12 +135,12 @@ export class PeerSession {
     return this.out.writable();
   }
 
-  /** @internal Socket drained: write what is queued. */
+  /** The transport has room again: write what is queued. */
   drained(): void {
     this.out.drained();
   }
 
-  /** @internal Bytes from the peer. */
+  /** Bytes from the peer. */
   receive(chunk: Uint8Array): void {
     if (this.state === "closed") return;
     this.lastRecv = Date.now();
@@ -162,7 +170,7 @@ export class PeerSession {
         const c = parseClose(f);
         this.peerClose = c;
         this.finish(`peer closed: ${c.code}: ${c.reason}`);
-        this.socket.end();
+        this.transport.end();
         return;
       }
     }
@@ -234,12 +242,12 @@ export class PeerSession {
       }
     }
     this.finish(`${code}: ${reason}`);
-    if (hard) this.socket.terminate();
-    else this.socket.end();
+    if (hard) this.transport.terminate();
+    else this.transport.end();
   }
 
-  /** @internal The socket closed. */
-  socketClosed(): void {
+  /** The transport closed. */
+  transportClosed(): void {
     this.finish("connection closed");
   }
 
@@ -271,7 +279,7 @@ export function sessionHandler(
   const sessions = new WeakMap<object, PeerSession>();
   return {
     open(socket, peer) {
-      const s = PeerSession.attach(socket, peer, opts, events);
+      const s = new PeerSession(socket, peer, opts, events);
       sessions.set(socket, s);
       onSession?.(s);
     },
@@ -282,7 +290,7 @@ export function sessionHandler(
       sessions.get(socket)?.drained();
     },
     close(socket) {
-      sessions.get(socket)?.socketClosed();
+      sessions.get(socket)?.transportClosed();
       sessions.delete(socket);
     },
   };

@@ -5,7 +5,8 @@ import { Messenger, compilePattern } from "../../src/index.ts";
 import { encodeEnvelope } from "../../src/envelope/envelope.ts";
 import { AuditLog } from "../../src/federation/audit.ts";
 import { RecentIds } from "../../src/federation/dedup.ts";
-import { cursorName, Forwarder, type ForwardLink } from "../../src/federation/forwarder.ts";
+import { cursorName, Forwarder } from "../../src/federation/forwarder.ts";
+import type { Link } from "../../src/federation/link.ts";
 import { batchFrame, type Ack } from "../../src/federation/messages.ts";
 import { Receiver } from "../../src/federation/receiver.ts";
 import { type PeerSession, sessionHandler } from "../../src/federation/session.ts";
@@ -164,7 +165,7 @@ describe("forwarder cursor", () => {
     const m = await Messenger.open({ name: "devX", storage: { dataDir: dir2 } });
     const sent: Uint8Array[] = [];
     // A session that records frames and never acks: the batch stays in flight.
-    const session: ForwardLink = { peer: { name: "hub" }, state: "open", send: (b: Uint8Array) => sent.push(b), writable: async () => {} };
+    const session: Link = { peer: { name: "hub" }, state: "open", send: (b: Uint8Array) => sent.push(b) > 0, writable: async () => {}, close: () => {} };
     const fwd = new Forwarder({ messenger: m, session, patterns: ["t.c"], start: "earliest", window: 8, maxBatchBytes: 64 * 1024, logger: silentLogger });
     await m.publish("t.c", "n", 1);
     void fwd.run();

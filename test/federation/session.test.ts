@@ -112,7 +112,8 @@ describe("federation session", () => {
     const healthy = await client("dev1");
     const bad = await client("dev2");
     const closedBefore = hubLog.closed.length;
-    (bad.session as unknown as { socket: { write(b: Uint8Array): number } }).socket.write(new Uint8Array([0x4b, 0x59, 9, 9, 0, 0, 0, 1, 0]));
+    // Raw bytes through the client's session: a frame header of protocol version 9.
+    bad.session!.send(new Uint8Array([0x4b, 0x59, 9, 9, 0, 0, 0, 1, 0]));
     await waitFor(() => hubLog.closed.length > closedBefore, "hub closed the bad session");
     expect(hubLog.closed.at(-1)).toMatch(/^dev2 malformed_frame: malformed frame: unsupported protocol version 9/);
     await waitFor(() => bad.closed.length === 1, "bad client sees the close");

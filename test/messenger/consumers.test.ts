@@ -6,7 +6,8 @@
  */
 import mqtt, { type Packet } from "mqtt-packet";
 import { StreamSession } from "../../src/api/stream.ts";
-import { Forwarder, type ForwardLink, cursorName } from "../../src/federation/forwarder.ts";
+import { Forwarder, cursorName } from "../../src/federation/forwarder.ts";
+import type { Link } from "../../src/federation/link.ts";
 import { FrameDecoder, FrameType } from "../../src/federation/frame.ts";
 import { parseBatch } from "../../src/federation/messages.ts";
 import { Messenger } from "../../src/messenger/messenger.ts";
@@ -65,7 +66,7 @@ describeConsumer("federation forwarder", async () => {
     async (pattern, peer) => {
       const received: (Seen & { batch: number })[] = [];
       const decoder = new FrameDecoder(4 << 20);
-      const link: ForwardLink = {
+      const link: Link = {
         peer: { name: peer },
         state: "open",
         send: (bytes) => {
@@ -74,8 +75,10 @@ describeConsumer("federation forwarder", async () => {
             const b = parseBatch(f);
             received.push({ channel: b.channel, seqs: b.seqs, batch: b.batch });
           }
+          return true;
         },
         writable: async () => {},
+        close: () => {},
       };
       const fwd = new Forwarder({ messenger: m, session: link, patterns: [pattern], start: "earliest", window: WINDOW, maxBatchBytes: 64 * 1024, logger: silentLogger });
       const running = fwd.run();
