@@ -27,8 +27,10 @@ import { ftruncateSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { ClosedError, ioErrorFrom, LogUnavailableError, TooLargeError, type KeyopError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
-import { uninitialized } from "../bytes.ts";
-import { encodeRecords, MAX_RECORD_BODY, RECORD_HEADER_BYTES, writeRecord, type RawRecord } from "./record.ts";
+import { sealAtDurableEnd } from "./reseal.ts";
+import { Preallocator } from "./preallocator.ts";
+import { TailCache } from "./tail-cache.ts";
+import { encodeRecords, MAX_RECORD_BODY, RECORD_HEADER_BYTES, type RawRecord } from "./record.ts";
 import { parseSegmentFileName, Segment, segmentFileName, type Damage } from "./segment.ts";
 import { fsyncDir } from "./fsync-dir.ts";
 
@@ -95,11 +97,6 @@ interface Pending {
   reject: (err: unknown) => void;
 }
 
-interface Cached extends RawRecord {
-  /** performance.now() when the append was requested (latency metrics). */
-  at: number;
-}
-
 /** Commit listener: called after records [firstSeq, nextSeq) became visible. */
 export type CommitListener = (firstSeq: number, nextSeq: number) => void;
 
@@ -107,25 +104,20 @@ export type CommitListener = (firstSeq: number, nextSeq: number) => void;
 const PIPELINE_DEPTH = 2;
 /** Failed fdatasyncs in a row after which pending records are refused instead of written again. */
 const MAX_REWRITES = 2;
-/** Zeros written and fdatasynced to prove a fresh segment takes writes. */
-const PROBE_BYTES = 4096;
 /** Backoff between attempts to make a refusing log writable again (ms). */
 const RETRY_FIRST_MS = 100;
 const RETRY_MAX_MS = 2_000;
 /** Damaged stretches kept for status (all are counted and logged). */
 const DAMAGE_KEPT = 16;
-/** A reader idle this long (ms) no longer keeps the tail cache filled. */
-const CACHE_IDLE_MS = 2_000;
 /** Default preallocation step. */
 const PREALLOCATE_BYTES = 1024 * 1024;
-let zeroBlock: Uint8Array | null = null;
 
 /** The log of one channel. Create with `ChannelLog.open`. */
 export class ChannelLog {
   readonly name: string;
   readonly dir: string;
   private readonly opts: ChannelLogOptions;
-  private readonly preallocate: number;
+  private readonly prealloc: Preallocator;
   private readonly depth: number;
   private segments: Segment[];
   private queue: Pending[] = [];
@@ -134,11 +126,7 @@ export class ChannelLog {
   private dirty = false;
   private syncTimer: ReturnType<typeof setInterval> | null = null;
   private listeners = new Set<CommitListener>();
-  private tail: Cached[] = [];
-  private tailHead = 0;
-  private tailBytes = 0;
-  /** performance.now() of the last read: the tail cache is kept only while someone reads. */
-  private lastReadAt = -Infinity;
+  private readonly tail: TailCache;
   /** Written (maybe not yet durable) end of the active segment, and the seq after it. */
   private writeEnd: number;
   private writeSeq: number;
@@ -175,8 +163,6 @@ export class ChannelLog {
   private retryAttempt = 0;
   private readonly counters = { failedSyncs: 0, reseals: 0, lostRecords: 0, damagedRecords: 0 };
   private readonly damageSeen: Damage[] = [];
-  /** The zero-fill of the next preallocation step, running on the thread pool. */
-  private extending: Promise<void> | null = null;
   /** Seq the next committed record gets: everything below is visible. */
   nextSeq: number;
 
@@ -184,7 +170,8 @@ export class ChannelLog {
     this.name = name;
     this.dir = dir;
     this.opts = opts;
-    this.preallocate = opts.preallocateBytes ?? PREALLOCATE_BYTES;
+    this.prealloc = new Preallocator(opts.preallocateBytes ?? PREALLOCATE_BYTES, opts.segmentBytes);
+    this.tail = new TailCache(opts.tailCacheBytes);
     this.depth = Math.max(1, opts.pipelineDepth ?? PIPELINE_DEPTH);
     this.segments = segments;
     const active = segments[segments.length - 1]!;
@@ -338,11 +325,7 @@ export class ChannelLog {
    * publish-to-handler latency; undefined once it left the tail cache.
    */
   appendedAt(seq: number): number | undefined {
-    const n = this.tail.length - this.tailHead;
-    if (n === 0) return undefined;
-    const first = this.tail[this.tailHead]!.seq;
-    if (seq < first || seq >= first + n) return undefined;
-    return this.tail[this.tailHead + (seq - first)]!.at;
+    return this.tail.appendedAt(seq);
   }
 
   private async flushLoop(): Promise<void> {
@@ -414,7 +397,7 @@ export class ChannelLog {
     );
     const pos = this.writeEnd;
     // Zeros being written must never land on a record: wait for a fill this write would cross.
-    if (this.extending && pos + buf.length > seg.allocated) await this.extending;
+    await this.prealloc.beforeWrite(seg, pos, buf.length);
     // From here to the epoch taken below nothing awaits: no write lands behind a failure unseen.
     if (this.needReseal) return false;
     try {
@@ -429,7 +412,16 @@ export class ChannelLog {
     this.writeSeq = firstSeq + chunk.length;
     // Without preallocation (or when it failed) the records themselves grew the file.
     if (this.writeEnd > seg.allocated) seg.allocated = this.writeEnd;
-    this.preallocateAhead(seg, fh);
+    if (!this.closed) {
+      const epoch = this.epoch;
+      this.prealloc.ahead(
+        seg,
+        fh,
+        this.writeEnd,
+        () => epoch === this.epoch,
+        (from) => this.cutTo(seg, fh.fd, Math.max(from, this.writeEnd)),
+      );
+    }
     if (this.opts.sync !== "always") {
       this.dirty = true;
       this.commit(seg, pos, firstSeq, chunk, buf);
@@ -506,7 +498,7 @@ export class ChannelLog {
    */
   private async recover(): Promise<void> {
     await this.drain();
-    if (this.extending) await this.extending;
+    await this.prealloc.pending;
     this.needReseal = false;
     if (!this.failure && this.failuresInRow > MAX_REWRITES) {
       this.refuse(this.lastError);
@@ -570,61 +562,18 @@ export class ChannelLog {
   private async reseal(): Promise<void> {
     const active = this.segments[this.segments.length - 1]!;
     const carried = this.durableSeq < this.nextSeq ? await this.readCarried(active) : [];
-    let fresh: Segment;
-    if (this.durableEnd === 0) {
-      fresh = active;
-      await active.reopen();
-      await (await active.handle()).truncate(0);
-      active.cutAt(0, active.baseSeq - 1);
-    } else {
-      const sealer = await open(active.path, "r+");
-      try {
-        await sealer.truncate(this.durableEnd);
-        await sealer.datasync();
-      } finally {
-        await sealer.close();
-      }
-      fresh = new Segment(this.dir, this.durableSeq, 0, this.durableSeq - 1, Date.now());
-      this.watchDamage(fresh);
-      fresh.adopt(await open(fresh.path, "w+"));
-      try {
-        await fsyncDir(this.dir);
-      } catch (err) {
-        await fresh.close();
-        await unlink(fresh.path).catch((e) => this.opts.logger.warn("could not remove an unused segment", { channel: this.name, segment: fresh.path, error: String(e) }));
-        throw err;
-      }
-      active.cutAt(this.durableEnd, this.durableSeq - 1);
-      active.maxSeq = this.durableSeq - 1;
-      await active.reopen();
-      this.segments.push(fresh);
-    }
-    // The carried records, then zeros (preallocated space), written and synced on fresh handles.
-    let total = PROBE_BYTES;
-    for (const r of carried) total += RECORD_HEADER_BYTES + r.body.length;
-    const buf = uninitialized(total);
-    const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
-    let end = 0;
-    const offsets: number[] = [];
-    for (const r of carried) {
-      offsets.push(end);
-      end = writeRecord(buf, view, end, r.seq, r.body);
-    }
-    buf.fill(0, end);
-    const fh = await fresh.handle();
-    let done = 0;
-    while (done < buf.length) done += writeSync(fh.fd, buf, done, buf.length - done, done);
-    const sfh = await fresh.syncHandle();
-    try {
-      await sfh.datasync();
-    } finally {
-      fresh.releaseSyncHandle(sfh);
-    }
-    for (let k = 0; k < carried.length; k++) fresh.noteAppended(carried[k]!.seq, offsets[k]!);
-    fresh.size = end;
-    fresh.allocated = buf.length;
-    fresh.lastSeq = this.nextSeq - 1;
-    fresh.lastWriteMs = Date.now();
+    const { fresh, end } = await sealAtDurableEnd({
+      channel: this.name,
+      dir: this.dir,
+      active,
+      durableEnd: this.durableEnd,
+      durableSeq: this.durableSeq,
+      nextSeq: this.nextSeq,
+      carried,
+      watch: (seg) => this.watchDamage(seg),
+      logger: this.opts.logger,
+    });
+    if (fresh !== active) this.segments.push(fresh);
     this.writeEnd = end;
     this.writeSeq = this.nextSeq;
     this.markDurable(end, this.nextSeq);
@@ -714,15 +663,14 @@ export class ChannelLog {
   /** Makes records written at `pos` visible, resolves their publishers, wakes readers. */
   private commit(seg: Segment, pos: number, firstSeq: number, chunk: Pending[], buf: Uint8Array): void {
     let off = pos;
-    const cache = this.opts.tailCacheBytes > 0 && this.cacheWanted();
-    if (!cache && this.tail.length > 0) this.dropTail();
+    const cache = this.tail.wanted(this.listeners.size > 0);
     for (let k = 0; k < chunk.length; k++) {
       const seq = firstSeq + k;
       seg.noteAppended(seq, off);
       const len = chunk[k]!.body.length;
       if (cache) {
         const start = off - pos + RECORD_HEADER_BYTES;
-        this.pushTail({ seq, body: buf.subarray(start, start + len), at: chunk[k]!.at });
+        this.tail.push(seq, buf.subarray(start, start + len), chunk[k]!.at);
       }
       off += RECORD_HEADER_BYTES + len;
     }
@@ -738,35 +686,6 @@ export class ChannelLog {
         this.opts.logger.error("commit listener failed", { channel: this.name, error: String(err) });
       }
     }
-  }
-
-  /**
-   * Starts zero-filling the next step of the active segment on the thread
-   * pool once the written end comes within half a step of the allocated end,
-   * so record writes keep landing on allocated blocks without the event loop
-   * ever waiting for a megabyte of zeros.
-   */
-  private preallocateAhead(seg: Segment, fh: FileHandle): void {
-    if (this.preallocate <= 0 || this.extending || this.closed) return;
-    if (this.writeEnd + this.preallocate / 2 <= seg.allocated) return;
-    const from = seg.allocated;
-    const to = Math.min(from + this.preallocate, Math.max(this.opts.segmentBytes, from));
-    if (to <= from) return;
-    zeroBlock ??= new Uint8Array(PREALLOCATE_BYTES);
-    const epoch = this.epoch;
-    this.extending = (async () => {
-      try {
-        let at = from;
-        while (at < to) at += (await fh.write(zeroBlock!, 0, Math.min(zeroBlock!.length, to - at), at)).bytesWritten;
-        if (epoch === this.epoch && seg.allocated === from) seg.allocated = to;
-      } catch {
-        // No room to preallocate (disk nearly full): drop the partial zeros (nothing was
-        // written past `from` meanwhile) and let record writes extend the file themselves.
-        if (epoch === this.epoch && seg.allocated === from) this.cutTo(seg, fh.fd, Math.max(from, this.writeEnd));
-      } finally {
-        this.extending = null;
-      }
-    })();
   }
 
   /** Truncates the active segment to `size`, dropping preallocated space after it; false if the disk refused. */
@@ -796,7 +715,7 @@ export class ChannelLog {
    */
   private async roll(): Promise<Segment | null> {
     await this.drain();
-    if (this.extending) await this.extending;
+    await this.prealloc.pending;
     if (this.needReseal) return null;
     const old = this.segments[this.segments.length - 1]!;
     const oldFh = await old.handle();
@@ -830,61 +749,15 @@ export class ChannelLog {
   }
 
   /**
-   * Whether commits should go to the tail cache: while a reader waits for
-   * commits (a subscription, a forwarder, a long poll) or has read within
-   * CACHE_IDLE_MS. Holding the last megabyte of records for nobody was
-   * not free: kept past the young generation, every record became old
-   * garbage for the full collections, and an ingest with no reader ran
-   * about 12% slower with the cache than without (MQTT QoS 1 at 64 in
-   * flight, paired rounds; docs/benchmarks.md).
-   */
-  private cacheWanted(): boolean {
-    return this.listeners.size > 0 || performance.now() - this.lastReadAt < CACHE_IDLE_MS;
-  }
-
-  /** Empties the tail cache (it restarts, contiguous, at the next commit). */
-  private dropTail(): void {
-    this.tail = [];
-    this.tailHead = 0;
-    this.tailBytes = 0;
-  }
-
-  private pushTail(rec: Cached): void {
-    this.tail.push(rec);
-    this.tailBytes += rec.body.length;
-    while (this.tailBytes > this.opts.tailCacheBytes && this.tailHead < this.tail.length - 1) {
-      this.tailBytes -= this.tail[this.tailHead]!.body.length;
-      this.tail[this.tailHead] = undefined as unknown as Cached;
-      this.tailHead++;
-    }
-    if (this.tailHead > 4096 && this.tailHead * 2 > this.tail.length) {
-      this.tail = this.tail.slice(this.tailHead);
-      this.tailHead = 0;
-    }
-  }
-
-  /**
    * Reads committed records with seq >= `fromSeq` (clamped up to firstSeq),
    * at most `maxCount` and about `maxBytes`; [] when there is nothing new.
    */
   async read(fromSeq: number, maxCount = 1000, maxBytes = 1 << 20): Promise<RawRecord[]> {
-    this.lastReadAt = performance.now();
+    this.tail.noteRead();
     const from = Math.max(fromSeq, this.firstSeq);
     if (from >= this.nextSeq) return [];
-    const n = this.tail.length - this.tailHead;
-    if (n > 0) {
-      const first = this.tail[this.tailHead]!.seq;
-      if (from >= first) {
-        const out: RawRecord[] = [];
-        let bytes = 0;
-        for (let i = this.tailHead + (from - first); i < this.tail.length && out.length < maxCount && bytes < maxBytes; i++) {
-          const r = this.tail[i]!;
-          out.push({ seq: r.seq, body: r.body });
-          bytes += r.body.length + RECORD_HEADER_BYTES;
-        }
-        return out;
-      }
-    }
+    const cached = this.tail.read(from, maxCount, maxBytes);
+    if (cached) return cached;
     const segs = this.segments;
     let lo = 0;
     let hi = segs.length - 1;
@@ -994,7 +867,7 @@ export class ChannelLog {
     this.closed = true;
     while (this.flushing) await this.flushing;
     await this.drain();
-    if (this.extending) await this.extending;
+    await this.prealloc.pending;
     if (this.syncTimer) clearInterval(this.syncTimer);
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.retryTimer = null;
