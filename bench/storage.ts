@@ -127,7 +127,7 @@ async function buildLog(dir: string, limit: { count?: number; bytes?: number }):
       tailCacheBytes: 0,
       logger: silentLogger,
     },
-    true,
+    { create: true },
   );
   let n = 0;
   while ((limit.count === undefined || n < limit.count) && (limit.bytes === undefined || log.bytes < limit.bytes)) {

@@ -46,14 +46,14 @@ export class KeyopError extends Error {
   }
 }
 
-/** A channel name breaks SPEC §2; raised before anything touches the disk. */
+/** A channel name breaks the naming rules (docs/api.md, "Names"); raised before anything touches the disk. */
 export class InvalidChannelError extends KeyopError {
   constructor(message: string) {
     super("invalid_channel", message);
   }
 }
 
-/** A subscription or ACL pattern breaks SPEC §2. */
+/** A subscription or ACL pattern breaks the naming rules (docs/api.md, "Names"). */
 export class InvalidPatternError extends KeyopError {
   constructor(message: string) {
     super("invalid_pattern", message);

@@ -1,5 +1,5 @@
 /**
- * keyop-messenger: the library entry point (SPEC §4.1).
+ * keyop-messenger: the library entry point (README, "The library").
  *
  * Programs embedding keyop import from here; the binary's entry is main.ts.
  */

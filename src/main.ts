@@ -1,6 +1,6 @@
 /**
  * The `keyop` binary: one entry point for the agent and every client
- * command (SPEC §4.3). Exit codes: 0 ok, 1 runtime failure, 2 usage error,
+ * command (README, "The command line"). Exit codes: 0 ok, 1 runtime failure, 2 usage error,
  * each failure with a one-line message on stderr.
  */
 import { ApiError, UnreachableError } from "./client/local-client.ts";

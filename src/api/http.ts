@@ -1,6 +1,6 @@
 /**
  * HTTP plumbing of the local API: error codes to status codes, the JSON
- * error body of SPEC §4.2, reading a body with a byte limit (checked before
+ * error body of docs/api.md, reading a body with a byte limit (checked before
  * and while reading), and query parameters with typed errors.
  */
 import { BadRequestError, KeyopError, TooLargeError, type ErrorCode } from "../errors.ts";

@@ -1,5 +1,5 @@
 /**
- * The local API: HTTP/1.1 (and WebSocket) over a Unix socket (SPEC §4.2).
+ * The local API: HTTP/1.1 (and WebSocket) over a Unix socket (docs/api.md).
  *
  * Routing is by hand on purpose: the path is split on "/" before each
  * segment is percent-decoded, so `..%2F..%2Fetc` stays one segment and then

@@ -4,13 +4,11 @@
  * Bun's buffers come from mimalloc, which by default hands pages back to the
  * kernel 10 ms after they empty. An agent under steady load allocates and
  * frees buffers (socket reads, envelopes, record batches) at tens of MB/s,
- * so those pages come straight back, each through a page fault. On the
- * virtual machines measured here a fault costs about 14 µs, and with the
- * default the MQTT QoS 1 ingest spent an eighth of its event-loop time in
- * them (docs/benchmarks.md). Holding empty pages for 10 s instead cut the
- * faults per message from 0.22 to 0.08 and took that ingest from 0.77x to
- * 0.99x of Mosquitto's (paired rounds), while memory still goes back to the
- * kernel once a burst is over.
+ * so those pages come straight back, each through a page fault, and the
+ * faults showed as a large share of an ingest's event-loop time. Holding
+ * empty pages for 10 s instead removes most of them, while memory still
+ * goes back to the kernel once a burst is over (the figures are in
+ * docs/benchmarks.md).
  *
  * mimalloc reads its options from the environment once, when the process
  * starts, so `keyop run` re-executes itself (same pid, same open files) with

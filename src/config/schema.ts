@@ -1,5 +1,5 @@
 /**
- * The agent's YAML configuration (SPEC §4.4): every key, its type, its
+ * The agent's YAML configuration (docs/config.md): every key, its type, its
  * default, and validation that reports all problems at once, each with its
  * key path, so an operator fixes the file in one go.
  */

@@ -1,5 +1,5 @@
 /**
- * Durations and sizes as operators write them in YAML (SPEC §4.4):
+ * Durations and sizes as operators write them in YAML (docs/config.md):
  * `500ms`, `30s`, `5m`, `12h`, `7d`; `512`, `64KiB`, `64MiB`, `1GiB`, `10MB`.
  * A bare number is milliseconds or bytes.
  */

@@ -1,5 +1,5 @@
 /**
- * The envelope: what one stored record holds (SPEC §2).
+ * The envelope: what one stored record holds (docs/storage.md, "The envelope body").
  *
  * On disk the envelope is a plain msgpack map with the snake_case keys of the
  * spec, so that C and Python programs can decode the log with any msgpack
@@ -54,7 +54,7 @@ const packr = new Packr({ useRecords: false, moreTypes: false, int64AsType: "num
 export const MAX_LABEL_BYTES = 256;
 
 /**
- * The snake_case map of SPEC §2 in its documented key order; `seq` is
+ * The snake_case map of docs/storage.md in its documented key order; `seq` is
  * included only for the wire form (the stored body has it in the header).
  */
 function snake(f: EnvelopeFields & { v?: number }, seq?: number): Record<string, unknown> {

@@ -1,5 +1,5 @@
 /**
- * Channel names, patterns and subscriber names (SPEC §2).
+ * Channel names, patterns and subscriber names (docs/api.md, "Names").
  *
  * Channel names become directory names, so validation here is also the guard
  * that keeps every file keyop writes inside its data directory.

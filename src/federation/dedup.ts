@@ -3,7 +3,7 @@
  *
  * After a lost ACK the sender resends what the receiver already stored; the
  * receiver drops those by id. A Map keeps insertion order, so the oldest id
- * is evicted first once `capacity` is reached (SPEC §5, `dedup.capacity`).
+ * is evicted first once `capacity` is reached (docs/protocol.md; `dedup.capacity` in docs/config.md).
  */
 export class RecentIds {
   readonly capacity: number;

@@ -1,6 +1,6 @@
 /**
  * EphemeralMessenger: a program that talks straight to a hub over the
- * federation protocol, with no log of its own (SPEC §4.1).
+ * federation protocol, with no log of its own (README, "The library").
  *
  * Publishing is durable at the hub: `publish` resolves only once the hub has
  * stored the message (its ACK after the group commit). Concurrent publishes
@@ -276,7 +276,7 @@ export class EphemeralMessenger {
       ctl.signal.addEventListener(
         "abort",
         () => {
-          if (this.state !== "closed") this.session?.close("handshake_timeout", "no session within the time limit", true);
+          if (this.state !== "closed") this.session?.close("handshake_timeout", "no session within the time limit", { hard: true });
           end(String(ctl.signal.reason));
         },
         { once: true },

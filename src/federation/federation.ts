@@ -2,7 +2,7 @@
  * Federation for one agent: the hub listener (`hub.listen`, `hub.peers`) and
  * the client links (`links[]`), each session running a Forwarder (what this
  * side sends) and a Receiver (what it stores), over mutual TLS. Links
- * reconnect with exponential backoff and jitter (SPEC §5).
+ * reconnect with exponential backoff and jitter (docs/protocol.md).
  */
 import { compileRules, type Matcher } from "../envelope/names.ts";
 import type { AgentConfig, LinkConfig, PeerConfig } from "../config/schema.ts";
@@ -163,7 +163,8 @@ export class Federation {
     return { role, maxBody: this.cfg.federation.maxBatchBytes + 64 * 1024, heartbeatMs: this.cfg.federation.heartbeatMs, logger: this.logger, audit: this.audit };
   }
 
-  private forwarder(s: PeerSession, patterns: string[], start: "latest" | "earliest", allow?: (c: string) => boolean, volatile = false): Forwarder | undefined {
+  private forwarder(s: PeerSession, patterns: string[], start: "latest" | "earliest", allow?: (c: string) => boolean, cursors: "durable" | "volatile" = "durable"): Forwarder | undefined {
+    const volatile = cursors === "volatile";
     if (patterns.length === 0) return undefined;
     const f = new Forwarder({
       messenger: this.messenger,
@@ -215,7 +216,7 @@ export class Federation {
         // An ephemeral peer gets live messages only: cursors in memory, gone with the session.
         // A link's cursor, made at its first session, starts where the link asked.
         parts.forwarder =
-          s.hello!.mode === "ephemeral" ? this.forwarder(s, s.hello!.subscribe, "latest", allowDown, true) : this.forwarder(s, s.hello!.subscribe, s.hello!.start ?? "latest", allowDown);
+          s.hello!.mode === "ephemeral" ? this.forwarder(s, s.hello!.subscribe, "latest", allowDown, "volatile") : this.forwarder(s, s.hello!.subscribe, s.hello!.start ?? "latest", allowDown);
         this.audit?.record("peer_connected", { peer: s.peer.name, fingerprint: s.peer.fingerprint, mode: s.hello!.mode });
         this.logger.info("peer connected", { peer: s.peer.name, mode: s.hello!.mode });
       },

@@ -325,8 +325,13 @@ export function parseAck(f: Frame): Ack {
 }
 
 /** Encodes a PING or PONG frame. */
-export function pingFrame(p: Ping, pong = false): Uint8Array {
-  return encodeFrame(pong ? FrameType.PONG : FrameType.PING, { t: p.t });
+export function pingFrame(p: Ping): Uint8Array {
+  return encodeFrame(FrameType.PING, { t: p.t });
+}
+
+/** Encodes the PONG answering a PING (its time echoed). */
+export function pongFrame(p: Ping): Uint8Array {
+  return encodeFrame(FrameType.PONG, { t: p.t });
 }
 
 /** Validates a PING or PONG. */

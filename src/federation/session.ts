@@ -22,6 +22,7 @@ import {
   parsePing,
   parseWelcome,
   pingFrame,
+  pongFrame,
   welcomeFrame,
   type Ack,
   type Batch,
@@ -161,7 +162,7 @@ export class PeerSession {
   private dispatch(f: Frame): void {
     switch (f.type) {
       case FrameType.PING:
-        this.send(pingFrame(parsePing(f), true));
+        this.send(pongFrame(parsePing(f)));
         return;
       case FrameType.PONG:
         this.rttMs = Math.max(0, Date.now() - parsePing(f).t);
@@ -214,7 +215,7 @@ export class PeerSession {
       const now = Date.now();
       if (now - this.lastRecv > 3 * this.heartbeatMs) {
         // Nothing for three periods: the peer or the path is gone, FIN or not.
-        this.close("heartbeat", `no frame from ${this.peer.name} for ${now - this.lastRecv} ms (3 heartbeats)`, true);
+        this.close("heartbeat", `no frame from ${this.peer.name} for ${now - this.lastRecv} ms (3 heartbeats)`, { hard: true });
         return;
       }
       if (now - this.lastSent >= this.heartbeatMs) this.send(pingFrame({ t: now }));
@@ -231,7 +232,8 @@ export class PeerSession {
    * Sends CLOSE with `code` and `reason`, then ends the connection
    * (`hard`: at once, for a peer that no longer reads).
    */
-  close(code: string, reason: string, hard = false): void {
+  close(code: string, reason: string, how: { hard?: boolean } = {}): void {
+    const hard = how.hard === true;
     if (this.state === "closed") return;
     if (!hard) {
       try {

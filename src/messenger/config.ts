@@ -1,6 +1,6 @@
 /**
  * Messenger configuration as the library takes it (camelCase), with the
- * defaults of SPEC §4.4 filled in one place.
+ * defaults of docs/config.md filled in one place.
  */
 import { hostname } from "node:os";
 import { assertName } from "../envelope/names.ts";
@@ -52,7 +52,7 @@ export interface ResolvedConfig {
   logger: Logger;
 }
 
-/** Defaults of SPEC §4.4 and the foundation issue. */
+/** Defaults (docs/config.md). */
 export const DEFAULTS = {
   sync: "always" as SyncMode,
   syncIntervalMs: 200,

@@ -1,5 +1,5 @@
 /**
- * The Messenger: durable publish and subscribe on an embedded log (SPEC §4.1).
+ * The Messenger: durable publish and subscribe on an embedded log (README, "The library").
  *
  * `publish` resolves once the record is as durable as `storage.sync` says
  * (after fdatasync with the default `always`); subscribers are durable named

@@ -10,9 +10,9 @@ import mqtt from "mqtt-packet";
 import type { IConnectPacket, IPublishPacket, ISubscribePacket, IUnsubscribePacket, Packet } from "mqtt-packet";
 import type { Message } from "../envelope/envelope.ts";
 import type { Messenger } from "../messenger/messenger.ts";
-import { CursorReader, type Delivery as ReaderDelivery, MESSAGES } from "../messenger/cursor-reader.ts";
-import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
 import { Window } from "../messenger/window.ts";
+import { bytesOf, payloadOf, pubackBytes } from "./payload.ts";
+import { type SentFrom, Subscription } from "./subscription.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
 import { channelToTopic, filterToPattern, topicToChannel } from "./topics.ts";
@@ -50,33 +50,6 @@ export interface Wire {
   end(): void;
 }
 
-/**
- * A PUBACK with success, written by hand: the one packet sent per QoS 1
- * publish. Four bytes in MQTT 3.1.1 and 5.0 alike (5.0 lets the reason
- * code and properties go when the reason is success).
- */
-export function pubackBytes(id: number): Uint8Array {
-  return Uint8Array.of(0x40, 0x02, (id >> 8) & 0xff, id & 0xff);
-}
-
-const utf8 = new TextDecoder("utf-8", { fatal: true });
-
-/** MQTT payload bytes as stored: valid UTF-8 as a string (readable over HTTP), anything else as bytes. */
-export function payloadOf(bytes: Uint8Array): string | Uint8Array {
-  try {
-    return utf8.decode(bytes);
-  } catch {
-    return new Uint8Array(bytes);
-  }
-}
-
-/** A stored payload as MQTT bytes: bytes unchanged, strings as UTF-8, anything else as JSON. */
-export function bytesOf(payload: unknown): Buffer {
-  if (payload instanceof Uint8Array) return Buffer.from(payload);
-  if (typeof payload === "string") return Buffer.from(payload, "utf8");
-  return Buffer.from(JSON.stringify(payload ?? null), "utf8");
-}
-
 /** Durable subscriber name of a persistent MQTT session. */
 export function sessionName(clientId: string): string {
   return `mqtt.${clientId}`;
@@ -88,8 +61,7 @@ export function sessionName(clientId: string): string {
  * one fdatasync and come back as one burst of PUBACKs, and the client and
  * the disk take turns idling. In groups, the first group's fdatasync runs
  * while the next is encoded and its PUBACKs reach the client while later
- * groups wait for their own: measured with 64 in flight, 24,000-30,000
- * msg/s handled at once, 30,000-38,000 in groups of 16.
+ * groups wait for their own (docs/benchmarks.md has the figures).
  */
 const PUMP_PACKETS = 16;
 /** Parsed packets allowed to wait: past this a turn handles the excess too (a flooding client). */
@@ -100,7 +72,7 @@ const CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
 /** A QoS 1 message sent to the client and not yet acknowledged. */
 interface InFlight {
   /** The subscription and its reader's delivery it came from; null for a retained message sent on subscribe. */
-  from: { subscription: Delivery; delivery: ReaderDelivery<Message> } | null;
+  from: SentFrom | null;
   channel: string;
   seq: number;
 }
@@ -111,67 +83,6 @@ interface PendingAck {
   qos: number;
   done: boolean;
   error: unknown;
-}
-
-/**
- * One subscription of a session: a cursor reader of its durable subscriber,
- * drawing on the session's window (the receive maximum spans every
- * subscription), one message per delivery.
- */
-class Delivery {
-  readonly pattern: string;
-  /** Granted QoS; a SUBSCRIBE to the same filter again may change it in place. */
-  qos: 0 | 1;
-  private readonly reader: CursorReader<Message>;
-  private readonly session: MqttSession;
-  /** A durable subscriber (kept while the client is away), not a live-only one. */
-  readonly durable: boolean;
-
-  constructor(session: MqttSession, sub: DurableSubscriber, pattern: string, qos: 0 | 1, durable: boolean) {
-    this.durable = durable;
-    this.session = session;
-    this.pattern = pattern;
-    this.qos = qos;
-    this.reader = new CursorReader(sub, { form: MESSAGES, window: session.window, unit: "record", maxRecords: 500 });
-  }
-
-  start(): void {
-    void this.run().catch((err) => this.session.fail(`delivery failed: ${String(err)}`));
-  }
-
-  private async run(): Promise<void> {
-    for (;;) {
-      const ds = await this.reader.next();
-      if (ds === null) return;
-      for (const d of ds) {
-        const m = d.records[0]!;
-        if (!this.session.mayReceive(m.channel)) {
-          // Outside the user's subscribe rules: passed over, as a hub passes over what a peer may not get.
-          this.reader.ack(d);
-        } else if (this.qos === 0) {
-          this.session.deliver(m, 0, null);
-          this.reader.ack(d);
-        } else {
-          this.session.deliver(m, 1, { subscription: this, delivery: d });
-        }
-      }
-      // A client that reads slower than messages come (QoS 0 has no window) holds its delivery here.
-      await this.session.writable();
-    }
-  }
-
-  /** The client acknowledged `d` (or it was passed over): the cursor moves past every acknowledged prefix. */
-  acked(d: ReaderDelivery<Message>): void {
-    this.reader.ack(d);
-  }
-
-  stop(): void {
-    this.reader.stop();
-  }
-
-  get subscriber(): DurableSubscriber {
-    return this.reader.sub;
-  }
 }
 
 /** An MQTT client connection and its session state. */
@@ -197,7 +108,7 @@ export class MqttSession {
   private keepalive = 0;
   private lastPacket = Date.now();
   private timer: ReturnType<typeof setInterval> | null = null;
-  private readonly deliveries = new Map<string, Delivery>();
+  private readonly subscriptions = new Map<string, Subscription>();
   /** QoS 1 messages sent and not acknowledged, by packet id. */
   private readonly inflight = new Map<number, InFlight>();
   /** QoS 1 messages in flight to the client, over every subscription and retained messages. */
@@ -284,12 +195,12 @@ export class MqttSession {
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
     let durable = false;
-    for (const d of this.deliveries.values()) {
+    for (const d of this.subscriptions.values()) {
       d.stop();
       if (!d.durable) this.host.messenger.dropVolatileSubscriber(d.subscriber);
       durable ||= d.durable;
     }
-    this.deliveries.clear();
+    this.subscriptions.clear();
     this.inflight.clear();
     this.retainedOut = [];
     if (this.connected) {
@@ -493,7 +404,7 @@ export class MqttSession {
     if (present) {
       const name = sessionName(id);
       for (const s of this.host.messenger.subscribers()) {
-        if (s.name === name) this.startDelivery(s.pattern, 1, true);
+        if (s.name === name) this.startSubscription(s.pattern, 1, "durable");
       }
     }
   }
@@ -588,7 +499,7 @@ export class MqttSession {
       }
       const qos = (s.qos >= 1 ? 1 : 0) as 0 | 1; // QoS 2 is granted as 1
       granted.push(qos);
-      this.startDelivery(pattern, qos);
+      this.startSubscription(pattern, qos);
       retained.push([pattern, qos]);
     }
     this.send({ cmd: "suback", messageId: p.messageId, granted } as Packet);
@@ -633,8 +544,9 @@ export class MqttSession {
     return id;
   }
 
-  private startDelivery(pattern: string, qos: 0 | 1, durable = this.persistent): void {
-    const old = this.deliveries.get(pattern);
+  private startSubscription(pattern: string, qos: 0 | 1, kind: "durable" | "live" = this.persistent ? "durable" : "live"): void {
+    const durable = kind === "durable";
+    const old = this.subscriptions.get(pattern);
     if (old) {
       // The same filter again replaces the subscription without interrupting its flow
       // (MQTT-3.8.4-3). A new reader would start over from the acknowledged cursor and send
@@ -645,8 +557,8 @@ export class MqttSession {
     const m = this.host.messenger;
     // Persistent: a durable subscriber (messages kept while the client is away). Otherwise live only.
     const sub = durable ? m.openSubscriber(pattern, sessionName(this.clientId), { from: "latest" }) : m.openVolatileSubscriber(pattern, `mqtt.${this.clientId}.${Bun.randomUUIDv7()}`);
-    const d = new Delivery(this, sub, pattern, qos, durable);
-    this.deliveries.set(pattern, d);
+    const d = new Subscription(this, sub, pattern, qos, durable);
+    this.subscriptions.set(pattern, d);
     d.start();
   }
 
@@ -658,10 +570,10 @@ export class MqttSession {
       } catch {
         continue;
       }
-      const d = this.deliveries.get(pattern);
+      const d = this.subscriptions.get(pattern);
       if (!d) continue;
       d.stop();
-      this.deliveries.delete(pattern);
+      this.subscriptions.delete(pattern);
       if (!d.durable) this.host.messenger.dropVolatileSubscriber(d.subscriber);
       else
         void this.host.messenger
@@ -672,7 +584,7 @@ export class MqttSession {
   }
 
   /** @internal Sends one stored message to the client. */
-  deliver(m: Message, qos: 0 | 1, from: InFlight["from"]): void {
+  deliver(m: Message, qos: 0 | 1, from: SentFrom | null): void {
     const topic = channelToTopic(m.channel);
     const payload = bytesOf(m.payload);
     if (!this.fits(topic, payload.length, qos)) {

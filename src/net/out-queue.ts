@@ -4,9 +4,9 @@
  * for its drain callback, in order.
  *
  * Every socket write is a syscall (and for TLS a record) that wakes the
- * peer. Profiles of keyop showed the cost: 28% of a hub's samples in writes
- * of single small federation frames, and 28% of the MQTT listener's in one
- * write per PUBACK. Joining them is the cheapest speed-up there is.
+ * peer; writes of single small frames and of one PUBACK each were the
+ * largest share of the hub's and the MQTT listener's CPU profiles
+ * (docs/benchmarks.md). Joining them is the cheapest speed-up there is.
  */
 
 /** Writes to the socket; returns how many bytes it took (Bun: may be fewer, or -1). */

@@ -1,5 +1,5 @@
 /**
- * TLS material and peer verification for federation (SPEC §5).
+ * TLS material and peer verification for federation (docs/protocol.md).
  *
  * Bun's own checks (`rejectUnauthorized`) are a first gate only: Bun has let
  * bad certificates through before, so after every handshake the peer is

@@ -194,8 +194,8 @@ export class ChannelLog {
    * scanned and a torn or corrupt tail is cut at the last good record; sealed
    * segments are only listed.
    */
-  static async open(name: string, dir: string, opts: ChannelLogOptions, create = false): Promise<ChannelLog> {
-    if (create) await mkdir(dir, { recursive: true });
+  static async open(name: string, dir: string, opts: ChannelLogOptions, how: { create?: boolean } = {}): Promise<ChannelLog> {
+    if (how.create) await mkdir(dir, { recursive: true });
     const entries = await readdir(dir);
     const bases: number[] = [];
     for (const e of entries) {
@@ -207,7 +207,7 @@ export class ChannelLog {
       const fh = await open(join(dir, segmentFileName(1)), "w+");
       await fh.close();
       await fsyncDir(dir);
-      if (create) await fsyncDir(join(dir, ".."));
+      if (how.create) await fsyncDir(join(dir, ".."));
       bases.push(1);
     }
     const segments: Segment[] = [];

@@ -1,5 +1,5 @@
 /**
- * One process per data directory (SPEC §3).
+ * One process per data directory (docs/storage.md, "The lock").
  *
  * An advisory `flock(LOCK_EX | LOCK_NB)` on `<data_dir>/LOCK`, taken through
  * bun:ffi: the kernel drops it when the process dies, even by SIGKILL, so a

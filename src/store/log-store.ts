@@ -65,7 +65,7 @@ export class LogStore {
     assertChannel(channel);
     let p = this.creating.get(channel);
     if (!p) {
-      p = ChannelLog.open(channel, join(this.channelsDir, channel), this.opts, true).then(
+      p = ChannelLog.open(channel, join(this.channelsDir, channel), this.opts, { create: true }).then(
         (created) => {
           this.logs.set(channel, created);
           this.creating.delete(channel);

@@ -1,6 +1,20 @@
 import { describe, expect, test } from "bun:test";
 import { encodeFrame, FrameDecoder, FrameError, FrameType, HEADER_BYTES, type Frame } from "../../src/federation/frame.ts";
-import { ackFrame, batchFrame, closeFrame, helloFrame, parseAck, parseBatch, parseClose, parseHello, parsePing, parseWelcome, pingFrame, welcomeFrame } from "../../src/federation/messages.ts";
+import {
+  ackFrame,
+  batchFrame,
+  closeFrame,
+  helloFrame,
+  parseAck,
+  parseBatch,
+  parseClose,
+  parseHello,
+  parsePing,
+  parseWelcome,
+  pingFrame,
+  pongFrame,
+  welcomeFrame,
+} from "../../src/federation/messages.ts";
 
 const hex = (b: Uint8Array) => Buffer.from(b).toString("hex");
 const unhex = (h: string) => new Uint8Array(Buffer.from(h, "hex"));
@@ -26,7 +40,7 @@ const GOLDEN: [string, Uint8Array, string][] = [
   ["BATCH", batchFrame(batch), "4b5901030000001dde0004a16e01a163a3742e61a173920708a17292c40481a17601c401c0"],
   ["ACK", ackFrame({ batch: 1, channel: "t.a", upto: 8 }), "4b5901040000000fde0003a16e01a163a3742e61a17508"],
   ["PING", pingFrame({ t: 1 }), "4b59010500000006de0001a17401"],
-  ["PONG", pingFrame({ t: 1 }, true), "4b59010600000006de0001a17401"],
+  ["PONG", pongFrame({ t: 1 }), "4b59010600000006de0001a17401"],
   ["CLOSE", closeFrame({ code: "bye", reason: "shutdown" }), "4b5901070000001cde0002a4636f6465a3627965a6726561736f6ea873687574646f776e"],
 ];
 

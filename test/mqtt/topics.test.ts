@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { channelToTopic, filterToPattern, topicToChannel } from "../../src/mqtt/topics.ts";
-import { pubackBytes } from "../../src/mqtt/session.ts";
+import { pubackBytes } from "../../src/mqtt/payload.ts";
 import mqtt from "mqtt-packet";
 
 describe("MQTT topics and keyop channels", () => {

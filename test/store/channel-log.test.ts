@@ -37,7 +37,7 @@ function capture(): { logger: Logger; lines: string[] } {
 describe("ChannelLog", () => {
   test("appends get consecutive seqs starting at 1 and read back intact", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts(), true);
+    const log = await ChannelLog.open("c", dir, opts(), { create: true });
     expect(log.firstSeq).toBe(1);
     expect(log.nextSeq).toBe(1);
     const seqs = await Promise.all(Array.from({ length: 50 }, (_, i) => log.append(bodyOf(i))));
@@ -50,7 +50,7 @@ describe("ChannelLog", () => {
   test("concurrent appends share fsyncs (group commit)", async () => {
     const dir = join(tmpDir(), "c");
     let fsyncs = 0;
-    const log = await ChannelLog.open("c", dir, opts({ onFsync: () => fsyncs++ }), true);
+    const log = await ChannelLog.open("c", dir, opts({ onFsync: () => fsyncs++ }), { create: true });
     const n = 512;
     await Promise.all(Array.from({ length: n }, (_, i) => log.append(bodyOf(i))));
     expect(log.nextSeq).toBe(n + 1);
@@ -61,7 +61,7 @@ describe("ChannelLog", () => {
 
   test("appendMany: consecutive seqs among single appends, across a segment roll; a bad body stores none of the lot", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), true);
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), { create: true });
     const single = log.append(bodyOf(0));
     const many = log.appendMany(Array.from({ length: 300 }, (_, i) => bodyOf(1 + i, 20)));
     const after = log.append(bodyOf(301));
@@ -82,7 +82,7 @@ describe("ChannelLog", () => {
     for (const sync of ["none", "interval"] as const) {
       const dir = join(tmpDir(), sync);
       let fsyncs = 0;
-      const log = await ChannelLog.open("c", dir, opts({ sync, syncIntervalMs: 10, onFsync: () => fsyncs++ }), true);
+      const log = await ChannelLog.open("c", dir, opts({ sync, syncIntervalMs: 10, onFsync: () => fsyncs++ }), { create: true });
       await log.append(bodyOf(1));
       expect(fsyncs).toBe(0);
       if (sync === "interval") {
@@ -99,7 +99,7 @@ describe("ChannelLog", () => {
 
   test("segments roll at segmentBytes, are named by first seq, and sealed ones are never rewritten", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), true);
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), { create: true });
     for (let i = 0; i < 100; i++) await log.append(bodyOf(i, 100));
     const files = readdirSync(dir).sort();
     expect(files.length).toBeGreaterThan(3);
@@ -121,7 +121,7 @@ describe("ChannelLog", () => {
 
   test("a read from any seq lands on that seq (sparse index), across segments", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 64 * 1024, tailCacheBytes: 0 }), true);
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 64 * 1024, tailCacheBytes: 0 }), { create: true });
     await Promise.all(Array.from({ length: 3000 }, (_, i) => log.append(bodyOf(i, 40))));
     await log.close();
     const re = await ChannelLog.open("c", dir, opts({ segmentBytes: 64 * 1024, tailCacheBytes: 0 }));
@@ -136,7 +136,7 @@ describe("ChannelLog", () => {
 
   test("tail cache and disk give the same records; the cache is kept only while someone reads", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts({ tailCacheBytes: 500 }), true);
+    const log = await ChannelLog.open("c", dir, opts({ tailCacheBytes: 500 }), { create: true });
     try {
       // Nobody reads: nothing is cached.
       for (let i = 0; i < 50; i++) await log.append(bodyOf(i));
@@ -162,7 +162,7 @@ describe("ChannelLog", () => {
   });
 
   test("commit listeners fire after records become readable", async () => {
-    const log = await ChannelLog.open("c", join(tmpDir(), "c"), opts(), true);
+    const log = await ChannelLog.open("c", join(tmpDir(), "c"), opts(), { create: true });
     const seen: [number, number][] = [];
     log.onCommit((a, b) => {
       seen.push([a, b]);
@@ -176,7 +176,7 @@ describe("ChannelLog", () => {
   test("torn tail: cut at every byte of the last records, reopen keeps whole records and appends work", async () => {
     const base = tmpDir();
     const src = join(base, "src");
-    const log = await ChannelLog.open("c", src, opts(), true);
+    const log = await ChannelLog.open("c", src, opts(), { create: true });
     for (let i = 0; i < 30; i++) await log.append(bodyOf(i, i));
     await log.close();
     const seg = join(src, "00000000000000000001.log");
@@ -215,7 +215,7 @@ describe("ChannelLog", () => {
   test("a bad record in the active segment with good ones after it is kept as damage; a bad last record is a torn tail; zeros are preallocated space", async () => {
     const base = tmpDir();
     const dir = join(base, "c");
-    const log = await ChannelLog.open("c", dir, opts(), true);
+    const log = await ChannelLog.open("c", dir, opts(), { create: true });
     for (let i = 0; i < 10; i++) await log.append(bodyOf(i));
     await log.close();
     const seg = join(dir, "00000000000000000001.log");
@@ -275,7 +275,7 @@ describe("ChannelLog", () => {
 
   test("an active segment larger than one scan chunk reopens whole, with no damage at the chunk edges", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts({ sync: "none" }), true);
+    const log = await ChannelLog.open("c", dir, opts({ sync: "none" }), { create: true });
     // 2,200 records of about 2 KiB: past the 4 MiB the scan reads at a time, records crossing its edge.
     await Promise.all(Array.from({ length: 2200 }, (_, i) => log.append(bodyOf(i, 2000))));
     await log.close();
@@ -289,7 +289,7 @@ describe("ChannelLog", () => {
 
   test("a seq gap with good records after it is damage of zero bytes; the records after it are read", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts(), true);
+    const log = await ChannelLog.open("c", dir, opts(), { create: true });
     for (let i = 0; i < 5; i++) await log.append(bodyOf(i));
     await log.close();
     // Records 1-2, then 4-5 with 3 gone without a trace (as a write-back failure can leave it).
@@ -306,7 +306,7 @@ describe("ChannelLog", () => {
 
   test("one read fills its batch across small segments, in order, up to its limits", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096, tailCacheBytes: 0 }), true);
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096, tailCacheBytes: 0 }), { create: true });
     try {
       for (let i = 0; i < 300; i++) await log.append(bodyOf(i, 50));
       expect(readdirSync(dir).length).toBeGreaterThan(5);
@@ -325,7 +325,7 @@ describe("ChannelLog", () => {
 
   test("a lot of segments open without scanning the sealed ones", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096, sync: "none" }), true);
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096, sync: "none" }), { create: true });
     await Promise.all(Array.from({ length: 2000 }, (_, i) => log.append(bodyOf(i, 50))));
     await log.close();
     const segs = readdirSync(dir).length;
@@ -357,7 +357,7 @@ describe("ChannelLog", () => {
 
   test("retention by bytes removes the oldest sealed segments, never the active one", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), true);
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), { create: true });
     for (let i = 0; i < 300; i++) await log.append(bodyOf(i, 100));
     const segs = log.segmentCount;
     const r = await log.applyRetention({ maxBytes: 3 * 4096, pinnedSeq: 1 });
@@ -376,7 +376,7 @@ describe("ChannelLog", () => {
 
   test("retention by age keeps segments a cursor still needs", async () => {
     const dir = join(tmpDir(), "c");
-    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), true);
+    const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), { create: true });
     for (let i = 0; i < 200; i++) await log.append(bodyOf(i, 100));
     await Bun.sleep(5); // ages must exceed 1 ms
     const pinned = await log.applyRetention({ maxAgeMs: 1, pinnedSeq: 1 });
@@ -391,7 +391,7 @@ describe("ChannelLog", () => {
   });
 
   test("a closed log refuses appends with a typed error", async () => {
-    const log = await ChannelLog.open("c", join(tmpDir(), "c"), opts(), true);
+    const log = await ChannelLog.open("c", join(tmpDir(), "c"), opts(), { create: true });
     await log.close();
     await expect(log.append(bodyOf(1))).rejects.toMatchObject({ code: "closed" });
   });
