@@ -2,6 +2,7 @@
  * The agent behind `keyop run`: one Messenger on the data directory and the
  * local API on its Unix socket, started and stopped together.
  */
+import { federationGauges, linkJson } from "./federation-view.ts";
 import { resolve } from "node:path";
 import { ApiServer } from "../api/server.ts";
 import type { AgentConfig } from "../config/schema.ts";
@@ -85,7 +86,7 @@ export class Agent {
         status: () => agent!.statusFields(),
         gauges: () => ({
           keyop_uptime_seconds: { help: "Seconds since the agent started.", value: (Date.now() - (agent?.startedAt ?? Date.now())) / 1000 },
-          ...agent?.federation?.gauges(),
+          ...(agent?.federation ? federationGauges(agent.federation.links(), agent.federation.auditHealth()) : {}),
           ...(agent?.mqtt
             ? { keyop_mqtt_session_save_failures: { help: "Saves of the MQTT session state that failed since start (each retried).", value: agent.mqtt.sessions.health().failedSaves } }
             : {}),
@@ -121,7 +122,7 @@ export class Agent {
       data_dir: resolve(this.config.storage.dataDir),
       sync: this.config.storage.sync,
       tls: this.tls ? tlsStatus(this.tls) : null,
-      links: this.federation?.status() ?? [],
+      links: this.federation?.links().map(linkJson) ?? [],
     };
   }
 

@@ -11,7 +11,7 @@ import { CursorReader, type Delivery, STORED } from "../messenger/cursor-reader.
 import type { DurableSubscriber, StoredEnvelope } from "../messenger/durable-subscriber.ts";
 import { Window } from "../messenger/window.ts";
 import type { Logger } from "../observability/logger.ts";
-import type { Link } from "./link.ts";
+import type { ChannelBacklog, Link } from "./link.ts";
 import { batchFrame, type Ack } from "./messages.ts";
 
 /** How a forwarder runs. */
@@ -34,14 +34,6 @@ export interface ForwarderOptions {
    * cursor file, nothing pinned in retention).
    */
   volatile?: boolean;
-}
-
-/** What a peer has not acknowledged on one channel. */
-export interface ChannelBacklog {
-  channel: string;
-  messages: number;
-  /** Record bytes (headers included) from the peer's cursor on; see ChannelLog#bytesFrom. */
-  bytes: number;
 }
 
 /** Per channel, what the durable cursors `subs` have not acknowledged (channels `allow` accepts). */

@@ -1,0 +1,58 @@
+/**
+ * How federation appears in `/v1/status` and `/metrics`: the JSON of each
+ * link and hub peer, and the gauges for them. Federation reports plain
+ * facts (LinkInfo); their public shape is decided here, beside the rest of
+ * the agent's status.
+ */
+import type { LinkInfo } from "../federation/link.ts";
+import type { ExtraGauges, GaugeSample } from "../observability/metrics.ts";
+
+/** One link or peer as `/v1/status` shows it (snake_case, times as ISO strings). */
+export function linkJson(l: LinkInfo): Record<string, unknown> {
+  return {
+    kind: l.kind,
+    target: l.target,
+    state: l.state,
+    peer: l.peer,
+    connected_since: l.connectedSince === null ? null : new Date(l.connectedSince).toISOString(),
+    reconnects: l.reconnects,
+    rtt_ms: l.rttMs,
+    unacked_batches: l.unackedBatches,
+    stored: l.stored,
+    backlog: l.backlog,
+    last_error: l.lastError,
+  };
+}
+
+/** Gauges for /metrics: link state, reconnects, RTT and backlog per peer and channel, and the audit trail's health. */
+export function federationGauges(links: LinkInfo[], audit: { failedWrites: number; droppedLines: number } | undefined): ExtraGauges {
+  const up: GaugeSample[] = [];
+  const reconnects: GaugeSample[] = [];
+  const rtt: GaugeSample[] = [];
+  const backlog: GaugeSample[] = [];
+  const backlogBytes: GaugeSample[] = [];
+  for (const l of links) {
+    const labels = { kind: l.kind, target: l.target };
+    up.push({ help: "1 when the link or peer session is open.", value: l.state === "open" ? 1 : 0, labels });
+    if (l.kind === "link") reconnects.push({ help: "Times the link has reconnected since start.", value: l.reconnects, labels });
+    if (l.rttMs !== null) rtt.push({ help: "Last heartbeat round trip of the session, seconds.", value: l.rttMs / 1000, labels });
+    for (const b of l.backlog) {
+      const where = { ...labels, peer: l.peer ?? "", channel: b.channel };
+      backlog.push({ help: "Messages stored here and not yet acknowledged by the peer.", value: b.messages, labels: where });
+      backlogBytes.push({ help: "Record bytes stored here and not yet acknowledged by the peer (to within 4 KiB).", value: b.bytes, labels: where });
+    }
+  }
+  return {
+    keyop_link_up: up,
+    keyop_link_reconnects: reconnects,
+    keyop_link_rtt_seconds: rtt,
+    keyop_federation_backlog_messages: backlog,
+    keyop_federation_backlog_bytes: backlogBytes,
+    ...(audit
+      ? {
+          keyop_audit_write_failures: [{ help: "Audit trail appends that failed since start (each retried, lines kept).", value: audit.failedWrites }],
+          keyop_audit_dropped_lines: [{ help: "Audit lines dropped since start because the queue was full.", value: audit.droppedLines }],
+        }
+      : {}),
+  };
+}
