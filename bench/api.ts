@@ -7,6 +7,7 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
 import type { Row } from "./lib.ts";
+import { agentHealthy, spawnReady, stopProc } from "./procs.ts";
 import { RawHttp } from "./raw-http.ts";
 
 const MAIN = join(import.meta.dir, "..", "src", "main.ts");
@@ -25,25 +26,14 @@ export async function startAgent(sync = "always", extra: string[] = []): Promise
   const dir = mkdtempSync(join(process.env.KEYOP_BENCH_DIR ?? tmpdir(), "keyop-bench-api-"));
   const cfg = join(dir, "k.yaml");
   await Bun.write(cfg, `storage:\n  data_dir: ${dir}/data\n  sync: ${sync}\napi:\n  socket: ${dir}/k.sock\nlog:\n  level: warn\n`);
-  const proc = Bun.spawn([process.execPath, MAIN, "run", "--config", cfg, ...extra], { stdout: "ignore", stderr: "inherit" });
   const socket = join(dir, "k.sock");
-  const deadline = Date.now() + 20_000;
-  while (true) {
-    try {
-      if ((await fetch("http://k/healthz", { unix: socket } as RequestInit)).ok) break;
-    } catch {
-      // not yet
-    }
-    if (Date.now() > deadline) throw new Error("agent did not start");
-    await Bun.sleep(20);
-  }
+  const proc = await spawnReady([process.execPath, MAIN, "run", "--config", cfg, ...extra], agentHealthy(socket), "keyop agent", { stderr: "inherit" });
   return {
     proc,
     socket,
     dir,
     async stop() {
-      proc.kill("SIGTERM");
-      await proc.exited;
+      await stopProc(proc);
       rmSync(dir, { recursive: true, force: true });
     },
   };

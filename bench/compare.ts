@@ -19,6 +19,7 @@ import { connect as natsConnect, StorageType, type NatsConnection } from "nats";
 import { rssOf, anonOf, startAgent, publishRate } from "./api.ts";
 import { paced, start, startTrio, stop, streamCount, until, type Proc } from "./fed-lib.ts";
 import { diskFloorUs, printTable, quantile, writeResults, type Row } from "./lib.ts";
+import { portOpen, spawnReady, stopProc } from "./procs.ts";
 import { RawHttp } from "./raw-http.ts";
 import { barChart, type Bar } from "./svg.ts";
 
@@ -36,6 +37,13 @@ const CONFIGS = join(import.meta.dir, "configs");
 const root = mkdtempSync(join(process.env.KEYOP_BENCH_DIR ?? tmpdir(), "keyop-compare-"));
 const started = new Set<ReturnType<typeof Bun.spawn>>();
 const rows: Row[] = [];
+/** Ingest rates by what was measured, for the targets: typed, so a renamed label cannot drop one. */
+type IngestId = `keyop-http-${"always" | "none"}-${number}` | `keyop-mqtt-${number}` | `mosquitto-${number}` | `nats-${number}`;
+const ingest = new Map<IngestId, number>();
+/** Which system a figure belongs to (chart colour, and the key the targets read). */
+type Series = "keyop" | "keyop-none" | "keyop-mqtt" | "mosquitto" | "nats";
+/** Whose resources were measured. */
+type ResourcesOf = "keyop (sync=always)" | "keyop (sync=none)" | "mosquitto" | "nats-server";
 const charts: Record<string, Bar[]> = { ingest: [], latency: [], backlog: [], crash: [], resources: [] };
 
 // ---------- plumbing ----------
@@ -69,38 +77,17 @@ function config(template: string, vars: Record<string, string | number>, path: s
   return path;
 }
 
-async function waitPort(port: number, what: string): Promise<void> {
-  await until(
-    `${what} listening on ${port}`,
-    async () => {
-      try {
-        const s = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {} } });
-        s.end();
-        return true;
-      } catch {
-        return false;
-      }
-    },
-    20_000,
-  );
-}
-
 interface Server {
   proc: ReturnType<typeof Bun.spawn>;
   port: number;
 }
 
 async function server(cmd: string[], port: number, what: string): Promise<Server> {
-  const proc = Bun.spawn(cmd, { stdout: "ignore", stderr: "ignore" });
-  started.add(proc);
-  await waitPort(port, what);
-  return { proc, port };
+  return { proc: await spawnReady(cmd, portOpen(port), what, { group: started }), port };
 }
 
 async function kill(s: { proc: ReturnType<typeof Bun.spawn> }, signal: "SIGTERM" | "SIGKILL" = "SIGTERM"): Promise<void> {
-  s.proc.kill(signal);
-  await s.proc.exited;
-  started.delete(s.proc);
+  await stopProc(s.proc, signal, started);
 }
 
 function dir(name: string): string {
@@ -215,10 +202,11 @@ async function ingestHttp(): Promise<void> {
       clearTimeout(sampler);
       const label = `keyop sync=${sync}, ${n} in flight`;
       row("1 ingest", label, r.rate, "msg/s", r.errors ? `${r.errors} errors` : "Unix socket, HTTP");
+      ingest.set(`keyop-http-${sync as "always" | "none"}-${n}`, r.rate);
       charts.ingest!.push({ label, value: r.rate, series: "keyop" });
       if (n === 64) {
         const cpu = ((cpuOf(a.proc.pid) - c0) / (r.rate * SECS)) * 100_000;
-        resources(`keyop (sync=${sync})`, idle, busy, cpu, `anonymous ${idleAnon.toFixed(1)} MB idle`);
+        resources(sync === "always" ? "keyop (sync=always)" : "keyop (sync=none)", idle, busy, cpu, `anonymous ${idleAnon.toFixed(1)} MB idle`);
       }
     }
     if (sync === "always") {
@@ -250,11 +238,12 @@ async function ingestMqtt(): Promise<void> {
   // each is what counts.
   const port = freePort();
   const kp = await start(dir("keyop-mqtt"), "mqtt-agent", `mqtt:\n  listen: 127.0.0.1:${port}\n`, "always");
-  await waitPort(port, "keyop mqtt");
+  await until("keyop mqtt listening", portOpen(port), 20_000);
   const mq = await mosquitto("mq-ingest");
   const sides = [
     {
       who: "keyop",
+      id: (n: number): IngestId => `keyop-mqtt-${n}`,
       label: (n: number) => `keyop MQTT QoS 1 (sync=always), ${n} in flight`,
       pid: kp.proc.pid,
       client: await mqtt.connectAsync(`mqtt://127.0.0.1:${port}`, { clean: true, clientId: "bench-keyop-mqtt" }),
@@ -262,6 +251,7 @@ async function ingestMqtt(): Promise<void> {
     },
     {
       who: "mosquitto",
+      id: (n: number): IngestId => `mosquitto-${n}`,
       label: (n: number) => `mosquitto QoS 1, ${n} in flight`,
       pid: mq.proc.pid!,
       client: await mqtt.connectAsync(`mqtt://127.0.0.1:${mq.port}`, { clean: true, clientId: "bench-ingest" }),
@@ -327,6 +317,7 @@ async function ingestMqtt(): Promise<void> {
         `${side.note}; median of ${MQTT_ROUNDS} alternating rounds: ${rounds}; server CPU ${cpuPer100k.toFixed(2)} s per 100,000; client (mqtt.js) busy ~${clientBusy}% of a core`,
       );
       charts.ingest!.push({ label: side.label(n), value: rate, series: side.who });
+      ingest.set(side.id(n), rate);
       if (n === 64 && side.who === "mosquitto") resources("mosquitto", idle, busy, cpuPer100k);
     }
   }
@@ -355,6 +346,7 @@ async function ingestNats(): Promise<void> {
     clearTimeout(sampler);
     const label = `NATS JetStream, ${n} in flight`;
     row("1 ingest", label, rate, "msg/s", "TCP loopback, file storage");
+    ingest.set(`nats-${n}`, rate);
     charts.ingest!.push({ label, value: rate, series: "nats" });
     if (n === 64) resources("nats-server", nIdle, busy, ((cpuOf(ns.proc.pid!) - c0) / (rate * SECS)) * 100_000);
   }
@@ -362,9 +354,9 @@ async function ingestNats(): Promise<void> {
   await kill(ns);
 }
 
-const rss: Record<string, { idle: number; busy: number }> = {};
+const rss: Partial<Record<ResourcesOf, { idle: number; busy: number }>> = {};
 
-function resources(who: string, idle: number, busy: number, cpuPer100k: number, note?: string): void {
+function resources(who: ResourcesOf, idle: number, busy: number, cpuPer100k: number, note?: string): void {
   rss[who] = { idle, busy };
   row("5 resources", `${who}: RSS idle / during 64-in-flight ingest`, idle, "MB", `${busy.toFixed(1)} MB during${note ? `; ${note}` : ""}`);
   row("5 resources", `${who}: CPU per 100,000 messages`, cpuPer100k, "s", "server process, 64-in-flight ingest");
@@ -374,7 +366,7 @@ function resources(who: string, idle: number, busy: number, cpuPer100k: number, 
 
 // ---------- 2. two hops ----------
 
-function latencyRows(system: string, series: string, rate: number, lat: number[], sent: number): void {
+function latencyRows(system: string, series: Series, rate: number, lat: number[], sent: number): void {
   const lost = sent - lat.length;
   row("2 two hops", `${system} @${rate}/s p50`, quantile(lat, 0.5), "ms");
   row("2 two hops", `${system} @${rate}/s p99`, quantile(lat, 0.99), "ms");
@@ -384,7 +376,7 @@ function latencyRows(system: string, series: string, rate: number, lat: number[]
   latencies[`${series}@${rate}`] = { p99: quantile(lat, 0.99), lost };
 }
 
-const latencies: Record<string, { p99: number; lost: number }> = {};
+const latencies: Partial<Record<`${Series}@${number}`, { p99: number; lost: number }>> = {};
 
 async function twoHopsKeyop(sync: string): Promise<void> {
   const trio = await startTrio(dir(`keyop-hops-${sync}`), { sync });
@@ -425,7 +417,7 @@ async function twoHopsKeyopMqtt(): Promise<void> {
  * subscriber on `subPort`, at 1,000 and 5,000 msg/s after 2 s of warm-up
  * (while bridges or links come up); the same loop for keyop and Mosquitto.
  */
-async function mqttLatency(pubPort: number, subPort: number, system: string, series: string): Promise<void> {
+async function mqttLatency(pubPort: number, subPort: number, system: string, series: Series): Promise<void> {
   for (const rate of [1000, 5000]) {
     const topic = `bench/lat${series}${rate}`;
     const lat: number[] = [];
@@ -523,7 +515,7 @@ async function twoHopsNats(): Promise<void> {
 
 // ---------- 3. store and forward ----------
 
-function backlogRow(system: string, series: string, got: number, ms: number): void {
+function backlogRow(system: string, series: Series, got: number, ms: number): void {
   const lost = BACKLOG - got;
   row(
     "3 store and forward",
@@ -536,7 +528,7 @@ function backlogRow(system: string, series: string, got: number, ms: number): vo
   backlogs[series] = lost;
 }
 
-const backlogs: Record<string, number> = {};
+const backlogs: Partial<Record<Series, number>> = {};
 
 async function backlogKeyop(): Promise<void> {
   const trio = await startTrio(dir("keyop-backlog"));
@@ -605,14 +597,14 @@ async function backlogNats(): Promise<void> {
 
 // ---------- 4. crash ----------
 
-function crashRow(system: string, series: string, acked: number, present: number, note: string): void {
+function crashRow(system: string, series: Series, acked: number, present: number, note: string): void {
   const gone = Math.max(0, acked - present);
   row("4 crash", `${system}: acknowledged messages gone after SIGKILL`, gone, "msgs", `${acked.toLocaleString("en-US")} acknowledged, ${present.toLocaleString("en-US")} there after restart; ${note}`);
   charts.crash!.push({ label: `${system}: acknowledged, then gone`, value: gone, series });
   crashes[series] = gone;
 }
 
-const crashes: Record<string, number> = {};
+const crashes: Partial<Record<Series, number>> = {};
 
 async function crashKeyop(): Promise<void> {
   const d = dir("keyop-crash");
@@ -726,14 +718,14 @@ function versions(): Record<string, string> {
 }
 
 function targets(): void {
-  const get = (label: string) => rows.find((r) => r.group === "1 ingest" && r.metric === label)?.value ?? NaN;
-  const k = get("keyop sync=always, 64 in flight");
-  const m = get("mosquitto QoS 1, 64 in flight");
-  const n = get("NATS JetStream, 64 in flight");
+  const get = (id: IngestId) => ingest.get(id) ?? NaN;
+  const k = get("keyop-http-always-64");
+  const m = get("mosquitto-64");
+  const n = get("nats-64");
   const verdict = (ok: boolean) => (ok ? "met" : "MISSED");
   row("targets", "keyop always / mosquitto QoS 1 ingest, 64 in flight", k / m, "x", `>= 1: ${verdict(k >= m)}`);
   row("targets", "keyop always / NATS JetStream ingest, 64 in flight", k / n, "x", `> 1: ${verdict(k > n)}`);
-  const km = get("keyop MQTT QoS 1 (sync=always), 64 in flight");
+  const km = get("keyop-mqtt-64");
   row("targets", "keyop MQTT QoS 1 (fsyncing) / mosquitto QoS 1, 64 in flight", km / m, "x", `>= 1 (issue 10): ${verdict(km >= m)}; ratio of the medians`);
   const kmp = pairedMqtt[64] ?? NaN;
   row("targets", "keyop MQTT QoS 1 (fsyncing) / mosquitto QoS 1, 64 in flight, paired by round", kmp, "x", `>= 1 (issue 10): ${verdict(kmp >= 1)}; median of the per-round ratios`);

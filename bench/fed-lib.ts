@@ -6,7 +6,10 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { createCa, issueCert } from "../src/pki/certs.ts";
+import { agentHealthy, spawnReady, stopProc, until } from "./procs.ts";
 import { RawHttp } from "./raw-http.ts";
+
+export { until };
 
 export const MAIN = join(import.meta.dir, "..", "src", "main.ts");
 const _CLIENTS = 100;
@@ -22,23 +25,13 @@ export async function start(dir: string, name: string, yaml: string, sync = "alw
   const cfg = join(dir, `${name}.yaml`);
   const socket = join(dir, `${name}.sock`);
   writeFileSync(cfg, `storage:\n  data_dir: ${join(dir, name)}\n  sync: ${sync}\napi:\n  socket: ${socket}\nlog:\n  level: warn\n${yaml}`);
-  const proc = Bun.spawn([process.execPath, MAIN, "run", "--config", cfg], { stdout: "ignore", stderr: "inherit" });
-  const deadline = Date.now() + 20_000;
-  while (Date.now() < deadline) {
-    try {
-      if ((await fetch("http://k/healthz", { unix: socket } as RequestInit)).ok) return { proc, socket };
-    } catch {
-      // not yet
-    }
-    await Bun.sleep(20);
-  }
-  throw new Error(`${name} did not start`);
+  const proc = await spawnReady([process.execPath, MAIN, "run", "--config", cfg], agentHealthy(socket), `keyop ${name}`, { stderr: "inherit" });
+  return { proc, socket };
 }
 
 /** Stops an agent (SIGTERM) and waits for it. */
 export async function stop(p: Proc): Promise<void> {
-  p.proc.kill("SIGTERM");
-  await p.proc.exited;
+  await stopProc(p.proc);
 }
 
 /** The agent's /v1/status. */
@@ -50,15 +43,6 @@ export async function status(p: Proc): Promise<any> {
 export async function channelMessages(p: Proc, channel: string): Promise<number> {
   const list = ((await (await fetch("http://k/v1/channels", { unix: p.socket } as RequestInit)).json()) as { channels: { channel: string; messages: number }[] }).channels;
   return list.find((c) => c.channel === channel)?.messages ?? 0;
-}
-
-/** Polls `cond` every 20 ms until true; throws after `ms`. */
-export async function until(what: string, cond: () => Promise<boolean>, ms = 60_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > deadline) throw new Error(`timed out: ${what}`);
-    await Bun.sleep(20);
-  }
 }
 
 /** Counts NDJSON stream lines of `channel` on `p` (auto-acked), calling `each` per message. */
