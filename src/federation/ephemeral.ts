@@ -13,7 +13,7 @@
 import { decodeEnvelope, type Message } from "../envelope/envelope.ts";
 import { assertPattern, compilePattern, compileRules, type Matcher } from "../envelope/names.ts";
 import { AbortedError, ClosedError, ConnectionLostError, ForbiddenError, InvalidArgumentError, type KeyopError, NotConnectedError, PeerRejectedError } from "../errors.ts";
-import { publishLabels } from "../messenger/context.ts";
+import { labelledMessage } from "../messenger/context.ts";
 import { createLogger, type Logger } from "../observability/logger.ts";
 import { connectMtls } from "../pki/mtls.ts";
 import { loadTlsMaterial, type TlsFiles, type TlsMaterial } from "../pki/tls.ts";
@@ -173,7 +173,7 @@ export class EphemeralMessenger {
     if (this.state === "closed") throw new ClosedError("ephemeral messenger is closed");
     if (this.fatal) throw this.fatal;
     // A message must fit a batch, with room for the frame around it.
-    const { body, id, ts } = buildEnvelope(this.name, { channel, type, payload, ...publishLabels(opts, this.cfg.serviceName) }, this.cfg.maxBatchBytes - 1024);
+    const { body, id, ts } = buildEnvelope(this.name, labelledMessage(channel, type, payload, opts, this.cfg.serviceName), this.cfg.maxBatchBytes - 1024);
     if (this.allowed && !this.allowed(channel)) throw new ForbiddenError(`the hub does not allow ${this.name} to publish on ${channel}`);
     if (this.state === "down" || (this.state !== "open" && !this.cfg.autoReconnect)) throw new NotConnectedError("not connected to the hub");
     while (this.queue.length >= this.cfg.queueSize) {

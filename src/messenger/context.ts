@@ -5,6 +5,7 @@
  * it publishes carries the same correlation id without passing it by hand.
  */
 import { AsyncLocalStorage } from "node:async_hooks";
+import type { NewMessage } from "../envelope/build.ts";
 
 /** Fields stamped on publishes made inside the context. */
 export interface PublishContext {
@@ -27,12 +28,12 @@ export function withContext<T>(ctx: PublishContext, fn: () => T): T {
 }
 
 /**
- * The labels a publish carries: from its own options, else the context in
- * force, else the publisher's default service name.
+ * A new message with the labels it carries: from its own options, else the
+ * context in force, else the publisher's default service name.
  */
-export function publishLabels(opts: PublishContext | undefined, defaultServiceName: string | undefined): PublishContext {
+export function labelledMessage(channel: string, type: string, payload: unknown, opts: PublishContext | undefined, defaultServiceName: string | undefined): NewMessage {
   const ctx = storage.getStore();
-  return { correlationId: opts?.correlationId ?? ctx?.correlationId, serviceName: opts?.serviceName ?? ctx?.serviceName ?? defaultServiceName };
+  return { channel, type, payload, correlationId: opts?.correlationId ?? ctx?.correlationId, serviceName: opts?.serviceName ?? ctx?.serviceName ?? defaultServiceName };
 }
 
 /** The context in force here, if any. */

@@ -62,6 +62,43 @@ export interface CursorReaderOptions<T> {
   maxBytes?: number;
 }
 
+/** A delivery as the reader keeps it: whose it is and whether it is done. */
+class Entry<T> implements Delivery<T> {
+  readonly owner: CursorReader<T>;
+  readonly channel: string;
+  readonly records: T[];
+  readonly last: number;
+  readonly bytes: number;
+  acked = false;
+
+  constructor(owner: CursorReader<T>, channel: string, records: T[], last: number, bytes: number) {
+    this.owner = owner;
+    this.channel = channel;
+    this.records = records;
+    this.last = last;
+    this.bytes = bytes;
+  }
+}
+
+/** Per channel, the deliveries handed out and not yet behind the cursor, in order. */
+class Queue<T> {
+  items: Entry<T>[] = [];
+  head = 0;
+
+  /** Drops the first `n` (kept as a moving head; compacted now and then). */
+  drop(n: number): void {
+    this.head += n;
+    if (this.head > 1024 && this.head * 2 > this.items.length) {
+      this.items = this.items.slice(this.head);
+      this.head = 0;
+    }
+  }
+
+  get empty(): boolean {
+    return this.head >= this.items.length;
+  }
+}
+
 /** The reader of one durable subscriber for one consumer. */
 export class CursorReader<T> {
   readonly sub: DurableSubscriber;
@@ -69,9 +106,9 @@ export class CursorReader<T> {
   /** Next seq to fetch per channel: past everything handed out. */
   private readonly sent: Positions;
   /** Per channel, deliveries handed out and not yet behind the cursor, in order. */
-  private readonly pending = new Map<string, Delivery<T>[]>();
-  private readonly handedOut = new WeakSet<Delivery<T>>();
-  private readonly acked = new WeakSet<Delivery<T>>();
+  private readonly pending = new Map<string, Queue<T>>();
+  /** Deliveries handed out and not yet acknowledged. */
+  private open = 0;
   private readonly offs: (() => void)[] = [];
   private watching = false;
   private stopped = false;
@@ -92,9 +129,7 @@ export class CursorReader<T> {
 
   /** Deliveries handed out and not yet acknowledged. */
   get inflight(): number {
-    let n = 0;
-    for (const list of this.pending.values()) for (const d of list) if (!this.acked.has(d)) n++;
-    return n;
+    return this.open;
   }
 
   /**
@@ -115,7 +150,9 @@ export class CursorReader<T> {
       const room = window.room();
       if (room > 0 && this.dirty) {
         this.dirty = false;
-        const after = new Map(this.sent);
+        // Per record every fetched record is handed out; per run, channels past the room must
+        // not move, so the fetch gets a copy of the positions.
+        const after = unit === "record" ? this.sent : new Map(this.sent);
         const max = unit === "record" ? Math.min(room, this.opts.maxRecords) : this.opts.maxRecords;
         const recs = await form.fetch(this.sub, { max, maxBytes: this.opts.maxBytes, after });
         if (this.stopped || opts.signal?.aborted) return null;
@@ -137,20 +174,23 @@ export class CursorReader<T> {
 
   /** The consumer is done with `d` (the peer or client acknowledged it, or it was passed over). */
   ack(d: Delivery<T>): void {
-    if (!this.handedOut.has(d) || this.acked.has(d)) return;
-    this.acked.add(d);
-    this.opts.window.give(d.bytes);
+    const e = d as Entry<T>;
+    if (e.owner !== this || e.acked) return;
+    e.acked = true;
+    this.open--;
+    this.opts.window.give(e.bytes);
     // After `stop` an acknowledgement only gives its room back (an MQTT client acking after
     // unsubscribing); the subscriber may be gone.
-    const list = this.pending.get(d.channel);
-    if (this.stopped || !list) return;
+    const q = this.pending.get(e.channel);
+    if (this.stopped || !q) return;
     let upto = -1;
-    for (const x of list) {
-      if (!this.acked.has(x)) break;
+    for (let k = q.head; k < q.items.length; k++) {
+      const x = q.items[k]!;
+      if (!x.acked) break;
       upto = x.last;
     }
     // The subscriber's ack listener (behindCursor) drops the acknowledged prefix.
-    if (upto >= 0) this.sub.ack(d.channel, upto);
+    if (upto >= 0) this.sub.ack(e.channel, upto);
   }
 
   /**
@@ -176,51 +216,62 @@ export class CursorReader<T> {
   private deliveries(recs: T[], room: number): Delivery<T>[] {
     const { form, window, unit } = this.opts;
     const out: Delivery<T>[] = [];
-    const add = (channel: string, records: T[]) => {
-      let bytes = 0;
-      for (const r of records) bytes += form.bytes(r);
-      const d: Delivery<T> = { channel, records, last: form.seq(records[records.length - 1]!), bytes };
+    const add = (channel: string, records: T[], bytes: number) => {
+      const d = new Entry(this, channel, records, form.seq(records[records.length - 1]!), bytes);
       window.take(bytes);
-      this.handedOut.add(d);
-      const list = this.pending.get(channel);
-      if (list) list.push(d);
-      else this.pending.set(channel, [d]);
+      this.open++;
+      let q = this.pending.get(channel);
+      if (!q) {
+        q = new Queue<T>();
+        this.pending.set(channel, q);
+      }
+      q.items.push(d);
       this.sent.set(channel, d.last + 1);
       out.push(d);
     };
     if (unit === "record") {
-      for (const r of recs) add(form.channel(r), [r]);
+      for (const r of recs) add(form.channel(r), [r], form.bytes(r));
       return out;
     }
-    const byChannel = new Map<string, T[]>();
+    const byChannel = new Map<string, { records: T[]; bytes: number }>();
     for (const r of recs) {
       const c = form.channel(r);
-      const list = byChannel.get(c);
-      if (list) list.push(r);
-      else byChannel.set(c, [r]);
+      const run = byChannel.get(c);
+      if (run) {
+        run.records.push(r);
+        run.bytes += form.bytes(r);
+      } else byChannel.set(c, { records: [r], bytes: form.bytes(r) });
     }
     // Channels past the room are fetched again next time: their position does not move.
-    for (const [channel, records] of byChannel) {
+    for (const [channel, run] of byChannel) {
       if (out.length >= room) break;
-      add(channel, records);
+      add(channel, run.records, run.bytes);
     }
     return out;
   }
 
   /** The cursor of `channel` moved to `cursor`: deliveries behind it are done, whoever acknowledged them. */
   private behindCursor(channel: string, cursor: number): void {
-    const list = this.pending.get(channel);
-    if (list) {
-      let k = 0;
-      for (; k < list.length && list[k]!.last < cursor; k++) {
-        const d = list[k]!;
-        if (!this.acked.has(d)) {
-          this.acked.add(d);
-          this.opts.window.give(d.bytes);
+    const q = this.pending.get(channel);
+    if (q) {
+      let k = q.head;
+      let freed = 0;
+      let freedBytes = 0;
+      for (; k < q.items.length && q.items[k]!.last < cursor; k++) {
+        const d = q.items[k]!;
+        if (!d.acked) {
+          d.acked = true;
+          freed++;
+          freedBytes += d.bytes;
         }
       }
-      if (k === list.length) this.pending.delete(channel);
-      else if (k > 0) list.splice(0, k);
+      q.drop(k - q.head);
+      if (q.empty) this.pending.delete(channel);
+      if (freed > 0) {
+        this.open -= freed;
+        // One wake for the lot (a client acks a thousand at once).
+        this.opts.window.give(freedBytes, freed);
+      }
     }
     if ((this.sent.get(channel) ?? 0) < cursor) this.sent.set(channel, cursor);
     this.poke();

@@ -15,7 +15,7 @@ import { CursorStore, cursorKey, type StartFrom } from "../store/cursor-store.ts
 import { LogStore } from "../store/log-store.ts";
 import { join } from "node:path";
 import { resolveConfig, type MessengerConfig, type ResolvedConfig } from "./config.ts";
-import { currentContext, publishLabels } from "./context.ts";
+import { currentContext, labelledMessage } from "./context.ts";
 import { Subscription, type Handler, type SubscribeOptions, type SubscriptionHost } from "./subscription.ts";
 import { DurableSubscriber, type DurableSubscriberHost } from "./durable-subscriber.ts";
 import { UnknownSubscriberError } from "../errors.ts";
@@ -258,7 +258,7 @@ export class Messenger {
 
   private encode(channel: string, type: string, payload: unknown, opts?: PublishOptions): BuiltEnvelope {
     if (this.state !== "open") throw new ClosedError();
-    return buildEnvelope(this.name, { channel, type, payload, ...publishLabels(opts, this.cfg.serviceName) }, this.cfg.maxMessageBytes);
+    return buildEnvelope(this.name, labelledMessage(channel, type, payload, opts, this.cfg.serviceName), this.cfg.maxMessageBytes);
   }
 
   private logFor(channel: string): ChannelLog | Promise<ChannelLog> {
@@ -279,8 +279,8 @@ export class Messenger {
       failed_at: Date.now(),
       message: toWire(msg),
     };
-    const labels = publishLabels({ correlationId: msg.correlationId ?? msg.id }, this.cfg.serviceName);
-    const { body } = buildOnCheckedChannel(this.name, { channel, type: "keyop.dead-letter", payload, ...labels }, this.cfg.maxMessageBytes);
+    const m = labelledMessage(channel, "keyop.dead-letter", payload, { correlationId: msg.correlationId ?? msg.id }, this.cfg.serviceName);
+    const { body } = buildOnCheckedChannel(this.name, m, this.cfg.maxMessageBytes);
     const log = await this.logFor(channel);
     await log.append(body);
     this.countersOf(msg.channel).deadLettered++;

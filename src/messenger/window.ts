@@ -40,9 +40,9 @@ export class Window {
     this.usedBytes += bytes;
   }
 
-  /** A delivery of `bytes` was acknowledged: everyone drawing on the window may go on. */
-  give(bytes: number): void {
-    this.used--;
+  /** `count` deliveries of `bytes` in all were acknowledged: everyone drawing on the window may go on. */
+  give(bytes: number, count = 1): void {
+    this.used -= count;
     this.usedBytes -= bytes;
     this.notify();
   }

@@ -412,7 +412,7 @@ export class ChannelLog {
     this.writeSeq = firstSeq + chunk.length;
     // Without preallocation (or when it failed) the records themselves grew the file.
     if (this.writeEnd > seg.allocated) seg.allocated = this.writeEnd;
-    if (!this.closed) {
+    if (!this.closed && this.prealloc.due(seg, this.writeEnd)) {
       const epoch = this.epoch;
       this.prealloc.ahead(
         seg,

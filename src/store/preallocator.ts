@@ -22,6 +22,11 @@ export class Preallocator {
     this.segmentBytes = segmentBytes;
   }
 
+  /** Whether `ahead` would start a fill now (checked before building its callbacks). */
+  due(seg: Segment, writeEnd: number): boolean {
+    return this.step > 0 && this.running === null && writeEnd + this.step / 2 > seg.allocated;
+  }
+
   /** The fill running now, if any (wait for it before cutting or closing the segment). */
   get pending(): Promise<void> | null {
     return this.running;
