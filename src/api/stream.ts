@@ -29,7 +29,7 @@ export interface StreamOptions {
   autoAck: boolean;
 }
 
-/** The delivery state of one open stream: a cursor reader whose deliveries are single messages. */
+/** The delivery state of one open stream: a cursor reader whose window counts messages. */
 export class StreamSession {
   readonly sub: DurableSubscriber;
   private readonly reader: CursorReader<Message>;
@@ -40,8 +40,9 @@ export class StreamSession {
     this.sub = sub;
     this.autoAck = opts.autoAck;
     // Auto-acked messages are done as they are handed to the transport: no window to wait on.
+    // Acks are cumulative, so a delivery is the run of one channel, and the window counts messages.
     const window = new Window(opts.autoAck ? Number.POSITIVE_INFINITY : opts.maxInflight);
-    this.reader = new CursorReader(sub, { form: MESSAGES, window, unit: "record", maxRecords: BATCH });
+    this.reader = new CursorReader(sub, { form: MESSAGES, window, unit: "run", windowCounts: "records", maxRecords: BATCH });
   }
 
   /** True once closed (client gone, replaced, or agent stopping). */
@@ -68,7 +69,7 @@ export class StreamSession {
     const ds = await this.reader.next({ idleMs, signal: this.abort.signal });
     if (ds === null) return null;
     if (this.autoAck) for (const d of ds) this.reader.ack(d);
-    return ds.map((d) => d.records[0]!);
+    return ds.length === 1 ? ds[0]!.records : ds.flatMap((d) => d.records);
   }
 
   /** Acks `seq` on `channel` (the stream's channel when it is not a pattern), cumulatively. */

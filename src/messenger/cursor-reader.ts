@@ -56,13 +56,18 @@ export interface CursorReaderOptions<T> {
   window: Window;
   /** "record": each record is a delivery; "run": the records of one channel in one fetch are. */
   unit: "record" | "run";
+  /**
+   * What the window counts: deliveries (a federation BATCH, an MQTT QoS 1
+   * message) or records (a stream's max_inflight, whatever its deliveries).
+   */
+  windowCounts?: "deliveries" | "records";
   /** Most records per fetch. */
   maxRecords: number;
   /** About the most body bytes per fetch (at least one record is fetched). */
   maxBytes?: number;
 }
 
-/** A delivery as the reader keeps it: whose it is and whether it is done. */
+/** A delivery as the reader keeps it: whose it is, what of the window it holds, whether it is done. */
 class Entry<T> implements Delivery<T> {
   readonly owner: CursorReader<T>;
   readonly channel: string;
@@ -70,13 +75,21 @@ class Entry<T> implements Delivery<T> {
   readonly last: number;
   readonly bytes: number;
   acked = false;
+  /** Window units still held (deliveries: 1; records: those not yet behind the cursor). */
+  held: number;
+  /** Bytes still held (given back when the whole delivery is done). */
+  heldBytes: number;
+  /** Records behind the cursor so far (records window only). */
+  passed = 0;
 
-  constructor(owner: CursorReader<T>, channel: string, records: T[], last: number, bytes: number) {
+  constructor(owner: CursorReader<T>, channel: string, records: T[], last: number, bytes: number, units: number) {
     this.owner = owner;
     this.channel = channel;
     this.records = records;
     this.last = last;
     this.bytes = bytes;
+    this.held = units;
+    this.heldBytes = bytes;
   }
 }
 
@@ -103,12 +116,13 @@ class Queue<T> {
 export class CursorReader<T> {
   readonly sub: DurableSubscriber;
   private readonly opts: CursorReaderOptions<T>;
+  private readonly countRecords: boolean;
   /** Next seq to fetch per channel: past everything handed out. */
   private readonly sent: Positions;
   /** Per channel, deliveries handed out and not yet behind the cursor, in order. */
   private readonly pending = new Map<string, Queue<T>>();
-  /** Deliveries handed out and not yet acknowledged. */
-  private open = 0;
+  /** Window units held by what was handed out and not yet acknowledged. */
+  private held = 0;
   private readonly offs: (() => void)[] = [];
   private watching = false;
   private stopped = false;
@@ -119,6 +133,7 @@ export class CursorReader<T> {
   constructor(sub: DurableSubscriber, opts: CursorReaderOptions<T>) {
     this.sub = sub;
     this.opts = opts;
+    this.countRecords = opts.windowCounts === "records";
     // Start at the acked cursor: what an earlier consumer was sent and did not acknowledge comes again.
     this.sent = sub.positions();
     this.offs.push(
@@ -127,9 +142,9 @@ export class CursorReader<T> {
     );
   }
 
-  /** Deliveries handed out and not yet acknowledged. */
+  /** What was handed out and not yet acknowledged, in the window's units. */
   get inflight(): number {
-    return this.open;
+    return this.held;
   }
 
   /**
@@ -138,7 +153,7 @@ export class CursorReader<T> {
    * keep-alive), null once stopped or on `signal`.
    */
   async next(opts: { idleMs?: number; signal?: AbortSignal } = {}): Promise<Delivery<T>[] | null> {
-    const { window, unit, form } = this.opts;
+    const { window, form } = this.opts;
     if (!this.watching) {
       // Commits and new channels only set a flag and wake the loop; set before a fetch starts,
       // the flag cannot miss a commit that lands while the fetch runs.
@@ -146,21 +161,20 @@ export class CursorReader<T> {
       this.offs.push(this.sub.watch(this.poke));
     }
     const deadline = opts.idleMs === undefined ? Number.POSITIVE_INFINITY : performance.now() + opts.idleMs;
+    // Every fetched record is handed out when each record takes room (one per delivery, or a
+    // records window); otherwise channels past the room must not move, and the fetch gets a copy.
+    const handsOutAll = this.opts.unit === "record" || this.countRecords;
     while (!this.stopped && !opts.signal?.aborted) {
       const room = window.room();
       if (room > 0 && this.dirty) {
         this.dirty = false;
-        // Per record every fetched record is handed out; per run, channels past the room must
-        // not move, so the fetch gets a copy of the positions.
-        const after = unit === "record" ? this.sent : new Map(this.sent);
-        const max = unit === "record" ? Math.min(room, this.opts.maxRecords) : this.opts.maxRecords;
+        const after = handsOutAll ? this.sent : new Map(this.sent);
+        const max = handsOutAll ? Math.min(room, this.opts.maxRecords) : this.opts.maxRecords;
         const recs = await form.fetch(this.sub, { max, maxBytes: this.opts.maxBytes, after });
         if (this.stopped || opts.signal?.aborted) return null;
         if (recs.length > 0) {
           this.dirty = true; // there may be more
-          const out = this.deliveries(recs, room);
-          if (out.length > 0) return out;
-          continue;
+          return this.deliveries(recs, room, handsOutAll);
         }
       }
       if (!this.dirty || window.room() <= 0) {
@@ -177,8 +191,7 @@ export class CursorReader<T> {
     const e = d as Entry<T>;
     if (e.owner !== this || e.acked) return;
     e.acked = true;
-    this.open--;
-    this.opts.window.give(e.bytes);
+    this.release(e);
     // After `stop` an acknowledgement only gives its room back (an MQTT client acking after
     // unsubscribing); the subscriber may be gone.
     const q = this.pending.get(e.channel);
@@ -212,21 +225,32 @@ export class CursorReader<T> {
     this.poke();
   }
 
+  /** Gives what `e` still holds back to the window. */
+  private release(e: Entry<T>): void {
+    if (e.held === 0 && e.heldBytes === 0) return;
+    this.held -= e.held;
+    this.opts.window.give(e.heldBytes, e.held);
+    e.held = 0;
+    e.heldBytes = 0;
+  }
+
   /** Groups fetched records into deliveries within `room`, marks them handed out and taken from the window. */
-  private deliveries(recs: T[], room: number): Delivery<T>[] {
+  private deliveries(recs: T[], room: number, handsOutAll: boolean): Delivery<T>[] {
     const { form, window, unit } = this.opts;
     const out: Delivery<T>[] = [];
     const add = (channel: string, records: T[], bytes: number) => {
-      const d = new Entry(this, channel, records, form.seq(records[records.length - 1]!), bytes);
-      window.take(bytes);
-      this.open++;
+      const units = this.countRecords ? records.length : 1;
+      const d = new Entry(this, channel, records, form.seq(records[records.length - 1]!), bytes, units);
+      window.take(bytes, units);
+      this.held += units;
       let q = this.pending.get(channel);
       if (!q) {
         q = new Queue<T>();
         this.pending.set(channel, q);
       }
       q.items.push(d);
-      this.sent.set(channel, d.last + 1);
+      // (When everything fetched is handed out, the fetch moved the position itself.)
+      if (!handsOutAll) this.sent.set(channel, d.last + 1);
       out.push(d);
     };
     if (unit === "record") {
@@ -244,34 +268,47 @@ export class CursorReader<T> {
     }
     // Channels past the room are fetched again next time: their position does not move.
     for (const [channel, run] of byChannel) {
-      if (out.length >= room) break;
+      if (!handsOutAll && out.length >= room) break;
       add(channel, run.records, run.bytes);
     }
     return out;
   }
 
-  /** The cursor of `channel` moved to `cursor`: deliveries behind it are done, whoever acknowledged them. */
+  /** The cursor of `channel` moved to `cursor`: what is behind it is done, whoever acknowledged it. */
   private behindCursor(channel: string, cursor: number): void {
     const q = this.pending.get(channel);
     if (q) {
       let k = q.head;
-      let freed = 0;
-      let freedBytes = 0;
-      for (; k < q.items.length && q.items[k]!.last < cursor; k++) {
+      let units = 0;
+      let bytes = 0;
+      for (; k < q.items.length; k++) {
         const d = q.items[k]!;
-        if (!d.acked) {
+        if (d.last < cursor) {
           d.acked = true;
-          freed++;
-          freedBytes += d.bytes;
+          units += d.held;
+          bytes += d.heldBytes;
+          this.held -= d.held;
+          d.held = 0;
+          d.heldBytes = 0;
+          continue;
         }
+        if (this.countRecords) {
+          // A run the cursor is in the middle of: its records behind the cursor give their room back.
+          let n = 0;
+          while (d.passed < d.records.length && this.opts.form.seq(d.records[d.passed]!) < cursor) {
+            d.passed++;
+            n++;
+          }
+          units += n;
+          d.held -= n;
+          this.held -= n;
+        }
+        break;
       }
       q.drop(k - q.head);
       if (q.empty) this.pending.delete(channel);
-      if (freed > 0) {
-        this.open -= freed;
-        // One wake for the lot (a client acks a thousand at once).
-        this.opts.window.give(freedBytes, freed);
-      }
+      // One wake for the lot (a client acks a thousand at once).
+      if (units > 0 || bytes > 0) this.opts.window.give(bytes, units);
     }
     if ((this.sent.get(channel) ?? 0) < cursor) this.sent.set(channel, cursor);
     this.poke();

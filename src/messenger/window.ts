@@ -35,12 +35,13 @@ export class Window {
     if (grew) this.notify();
   }
 
-  take(bytes: number): void {
-    this.used++;
+  /** Takes `count` units (deliveries or records, as the readers count) of `bytes` in all. */
+  take(bytes: number, count = 1): void {
+    this.used += count;
     this.usedBytes += bytes;
   }
 
-  /** `count` deliveries of `bytes` in all were acknowledged: everyone drawing on the window may go on. */
+  /** `count` units of `bytes` in all were acknowledged: everyone drawing on the window may go on. */
   give(bytes: number, count = 1): void {
     this.used -= count;
     this.usedBytes -= bytes;
