@@ -12,6 +12,7 @@
  * acknowledged comes again after a reconnect or a restart.
  */
 import type { Message } from "../envelope/envelope.ts";
+import { isWildcard } from "../envelope/names.ts";
 import type { DurableSubscriber, FetchOptions, Positions, StoredEnvelope } from "./durable-subscriber.ts";
 import type { Window } from "./window.ts";
 
@@ -22,6 +23,8 @@ export interface RecordForm<T> {
   seq(r: T): number;
   /** Bytes the window counts for the record. */
   bytes(r: T): number;
+  /** Whether `bytes` counts anything (decoded messages are windowed by count only). */
+  sized: boolean;
 }
 
 /** Decoded messages (MQTT, HTTP streams). Their window is a count: a receive maximum, max_inflight. */
@@ -30,6 +33,7 @@ export const MESSAGES: RecordForm<Message> = {
   channel: (m) => m.channel,
   seq: (m) => m.seq,
   bytes: () => 0,
+  sized: false,
 };
 
 /** Stored envelopes as they are on disk (federation: forwarded as stored, never decoded). */
@@ -38,6 +42,7 @@ export const STORED: RecordForm<StoredEnvelope> = {
   channel: (r) => r.channel,
   seq: (r) => r.seq,
   bytes: (r) => r.body.length,
+  sized: true,
 };
 
 /** Records sent together and acknowledged together. */
@@ -255,6 +260,14 @@ export class CursorReader<T> {
     };
     if (unit === "record") {
       for (const r of recs) add(form.channel(r), [r], form.bytes(r));
+      return out;
+    }
+    // One channel (a subscriber of a plain channel, or a fetch that found one): one run, no copy.
+    const channel = form.channel(recs[0]!);
+    if (form.channel(recs[recs.length - 1]!) === channel && !isWildcard(this.sub.pattern)) {
+      let bytes = 0;
+      if (form.sized) for (const r of recs) bytes += form.bytes(r);
+      add(channel, recs, bytes);
       return out;
     }
     const byChannel = new Map<string, { records: T[]; bytes: number }>();
