@@ -72,35 +72,61 @@ export interface CursorReaderOptions<T> {
   maxBytes?: number;
 }
 
-/** A delivery as the reader keeps it: whose it is, what of the window it holds, whether it is done. */
-class Entry<T> implements Delivery<T> {
-  readonly owner: CursorReader<T>;
+/**
+ * What the reader keeps of a delivery until the cursor passes it: no
+ * records (holding thousands of decoded messages for a cumulative ack would
+ * only feed the collector), just its seqs, size and what of the window it holds.
+ */
+class Entry {
+  readonly owner: object;
   readonly channel: string;
-  readonly records: T[];
+  readonly first: number;
   readonly last: number;
-  readonly bytes: number;
   acked = false;
   /** Window units still held (deliveries: 1; records: those not yet behind the cursor). */
   held: number;
   /** Bytes still held (given back when the whole delivery is done). */
   heldBytes: number;
-  /** Records behind the cursor so far (records window only). */
-  passed = 0;
+  /** Records before this seq are behind the cursor (records window only). */
+  passedTo: number;
+  /** The seqs of a run that is not consecutive (damage skipped in the middle), else null. */
+  seqs: number[] | null = null;
 
-  constructor(owner: CursorReader<T>, channel: string, records: T[], last: number, bytes: number, units: number) {
+  constructor(owner: object, channel: string, first: number, last: number, bytes: number, units: number) {
     this.owner = owner;
     this.channel = channel;
-    this.records = records;
+    this.first = first;
     this.last = last;
-    this.bytes = bytes;
     this.held = units;
     this.heldBytes = bytes;
+    this.passedTo = first;
+  }
+}
+
+/** A delivery as handed to the consumer, which holds it (and its records) while it needs them. */
+class HandedOut<T> implements Delivery<T> {
+  readonly entry: Entry;
+  readonly records: T[];
+  readonly bytes: number;
+
+  constructor(entry: Entry, records: T[], bytes: number) {
+    this.entry = entry;
+    this.records = records;
+    this.bytes = bytes;
+  }
+
+  get channel(): string {
+    return this.entry.channel;
+  }
+
+  get last(): number {
+    return this.entry.last;
   }
 }
 
 /** Per channel, the deliveries handed out and not yet behind the cursor, in order. */
-class Queue<T> {
-  items: Entry<T>[] = [];
+class Queue {
+  items: Entry[] = [];
   head = 0;
 
   /** Drops the first `n` (kept as a moving head; compacted now and then). */
@@ -125,7 +151,7 @@ export class CursorReader<T> {
   /** Next seq to fetch per channel: past everything handed out. */
   private readonly sent: Positions;
   /** Per channel, deliveries handed out and not yet behind the cursor, in order. */
-  private readonly pending = new Map<string, Queue<T>>();
+  private readonly pending = new Map<string, Queue>();
   /** Window units held by what was handed out and not yet acknowledged. */
   private held = 0;
   private readonly offs: (() => void)[] = [];
@@ -193,8 +219,8 @@ export class CursorReader<T> {
 
   /** The consumer is done with `d` (the peer or client acknowledged it, or it was passed over). */
   ack(d: Delivery<T>): void {
-    const e = d as Entry<T>;
-    if (e.owner !== this || e.acked) return;
+    const e = d instanceof HandedOut ? d.entry : null;
+    if (!e || e.owner !== this || e.acked) return;
     e.acked = true;
     this.release(e);
     // After `stop` an acknowledgement only gives its room back (an MQTT client acking after
@@ -231,7 +257,7 @@ export class CursorReader<T> {
   }
 
   /** Gives what `e` still holds back to the window. */
-  private release(e: Entry<T>): void {
+  private release(e: Entry): void {
     if (e.held === 0 && e.heldBytes === 0) return;
     this.held -= e.held;
     this.opts.window.give(e.heldBytes, e.held);
@@ -245,18 +271,19 @@ export class CursorReader<T> {
     const out: Delivery<T>[] = [];
     const add = (channel: string, records: T[], bytes: number) => {
       const units = this.countRecords ? records.length : 1;
-      const d = new Entry(this, channel, records, form.seq(records[records.length - 1]!), bytes, units);
+      const e = new Entry(this, channel, form.seq(records[0]!), form.seq(records[records.length - 1]!), bytes, units);
       window.take(bytes, units);
       this.held += units;
       let q = this.pending.get(channel);
       if (!q) {
-        q = new Queue<T>();
+        q = new Queue();
         this.pending.set(channel, q);
       }
-      q.items.push(d);
+      if (this.countRecords && e.last - e.first + 1 !== records.length) e.seqs = records.map((r) => form.seq(r));
+      q.items.push(e);
       // (When everything fetched is handed out, the fetch moved the position itself.)
-      if (!handsOutAll) this.sent.set(channel, d.last + 1);
-      out.push(d);
+      if (!handsOutAll) this.sent.set(channel, e.last + 1);
+      out.push(new HandedOut(e, records, bytes));
     };
     if (unit === "record") {
       for (const r of recs) add(form.channel(r), [r], form.bytes(r));
@@ -305,13 +332,10 @@ export class CursorReader<T> {
           d.heldBytes = 0;
           continue;
         }
-        if (this.countRecords) {
+        if (this.countRecords && cursor > d.passedTo) {
           // A run the cursor is in the middle of: its records behind the cursor give their room back.
-          let n = 0;
-          while (d.passed < d.records.length && this.opts.form.seq(d.records[d.passed]!) < cursor) {
-            d.passed++;
-            n++;
-          }
+          const n = d.seqs ? d.seqs.filter((x) => x >= d.passedTo && x < cursor).length : cursor - d.passedTo;
+          d.passedTo = cursor;
           units += n;
           d.held -= n;
           this.held -= n;
