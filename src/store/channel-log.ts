@@ -22,16 +22,16 @@
  * not take even that, the channel refuses appends with `log_unavailable`
  * and tries again with backoff (docs/reliability.md).
  */
-import { mkdir, open, readdir, stat, unlink, type FileHandle } from "node:fs/promises";
+import { open, unlink, type FileHandle } from "node:fs/promises";
 import { ftruncateSync, writeSync } from "node:fs";
-import { join } from "node:path";
 import { ClosedError, ioErrorFrom, LogUnavailableError, TooLargeError, type KeyopError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
+import { listSegments, recoverActiveSegment } from "./recovery.ts";
 import { sealAtDurableEnd } from "./reseal.ts";
 import { Preallocator } from "./preallocator.ts";
 import { TailCache } from "./tail-cache.ts";
 import { encodeRecords, MAX_RECORD_BODY, RECORD_HEADER_BYTES, type RawRecord } from "./record.ts";
-import { parseSegmentFileName, Segment, segmentFileName, type Damage } from "./segment.ts";
+import { Segment, type Damage } from "./segment.ts";
 import { fsyncDir } from "./fsync-dir.ts";
 
 /** How far an acknowledged append is from the platter. */
@@ -195,65 +195,15 @@ export class ChannelLog {
    * segments are only listed.
    */
   static async open(name: string, dir: string, opts: ChannelLogOptions, how: { create?: boolean } = {}): Promise<ChannelLog> {
-    if (how.create) await mkdir(dir, { recursive: true });
-    const entries = await readdir(dir);
-    const bases: number[] = [];
-    for (const e of entries) {
-      const base = parseSegmentFileName(e);
-      if (base !== null) bases.push(base);
-    }
-    bases.sort((a, b) => a - b);
-    if (bases.length === 0) {
-      const fh = await open(join(dir, segmentFileName(1)), "w+");
-      await fh.close();
-      await fsyncDir(dir);
-      if (how.create) await fsyncDir(join(dir, ".."));
-      bases.push(1);
-    }
-    const segments: Segment[] = [];
-    for (let i = 0; i < bases.length; i++) {
-      const base = bases[i]!;
-      const next = bases[i + 1];
-      const st = await stat(join(dir, segmentFileName(base)));
-      const lastSeq = next === undefined ? base - 1 : next - 1;
-      const seg = new Segment(dir, base, st.size, lastSeq, st.mtimeMs);
-      if (next !== undefined) seg.maxSeq = next - 1;
-      segments.push(seg);
-    }
+    const segments = await listSegments(dir, how);
     const active = segments[segments.length - 1]!;
     try {
-      await ChannelLog.recoverTail(name, active, opts);
+      await recoverActiveSegment(name, active, opts.logger);
     } catch (err) {
       await active.close();
       throw err;
     }
     return new ChannelLog(name, dir, opts, segments);
-  }
-
-  /**
-   * Scans the active segment. Damage with valid records after it is kept
-   * (the constructor reports it); zeros after the last record are
-   * preallocated space (kept); anything else there is a torn tail, cut off
-   * and reported with its byte count.
-   */
-  private static async recoverTail(name: string, active: Segment, opts: ChannelLogOptions): Promise<void> {
-    const scan = await active.scan();
-    active.allocated = scan.fileBytes;
-    if (scan.validBytes === scan.fileBytes) return;
-    const fh = await active.handle();
-    if (await onlyZeros(fh, scan.validBytes, scan.fileBytes)) return;
-    const cut = scan.fileBytes - scan.validBytes;
-    await fh.truncate(scan.validBytes);
-    await fh.datasync();
-    active.allocated = scan.validBytes;
-    opts.logger.warn("recovered torn tail", {
-      channel: name,
-      segment: active.path,
-      reason: scan.stop,
-      cut_bytes: cut,
-      kept_bytes: scan.validBytes,
-      last_seq: scan.lastSeq,
-    });
   }
 
   /** Seq of the oldest record still stored (== nextSeq when empty). */
@@ -888,16 +838,4 @@ export class ChannelLog {
     for (const s of this.segments) await s.close();
     this.listeners.clear();
   }
-}
-
-/** True when bytes [from, to) of the file are all zero. */
-async function onlyZeros(fh: { read: (b: Uint8Array, o: number, l: number, p: number) => Promise<{ bytesRead: number }> }, from: number, to: number): Promise<boolean> {
-  const buf = new Uint8Array(Math.min(1 << 20, to - from));
-  for (let pos = from; pos < to; ) {
-    const { bytesRead } = await fh.read(buf, 0, Math.min(buf.length, to - pos), pos);
-    if (bytesRead === 0) return true;
-    for (let i = 0; i < bytesRead; i++) if (buf[i] !== 0) return false;
-    pos += bytesRead;
-  }
-  return true;
 }
