@@ -12,7 +12,7 @@ import type { Message } from "../envelope/envelope.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import { Window } from "../messenger/window.ts";
 import { bytesOf, payloadOf, pubackBytes } from "./payload.ts";
-import { type SentFrom, Subscription } from "./subscription.ts";
+import { MqttSubscription, type SentFrom } from "./subscription.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
 import { channelToTopic, filterToPattern, topicToChannel } from "./topics.ts";
@@ -108,7 +108,7 @@ export class MqttSession {
   private keepalive = 0;
   private lastPacket = Date.now();
   private timer: ReturnType<typeof setInterval> | null = null;
-  private readonly subscriptions = new Map<string, Subscription>();
+  private readonly subscriptions = new Map<string, MqttSubscription>();
   /** QoS 1 messages sent and not acknowledged, by packet id. */
   private readonly inflight = new Map<number, InFlight>();
   /** QoS 1 messages in flight to the client, over every subscription and retained messages. */
@@ -557,7 +557,7 @@ export class MqttSession {
     const m = this.host.messenger;
     // Persistent: a durable subscriber (messages kept while the client is away). Otherwise live only.
     const sub = durable ? m.openSubscriber(pattern, sessionName(this.clientId), { from: "latest" }) : m.openVolatileSubscriber(pattern, `mqtt.${this.clientId}.${Bun.randomUUIDv7()}`);
-    const d = new Subscription(this, sub, pattern, qos, durable);
+    const d = new MqttSubscription(this, sub, pattern, qos, durable);
     this.subscriptions.set(pattern, d);
     d.start();
   }

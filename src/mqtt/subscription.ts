@@ -10,7 +10,7 @@ import type { Window } from "../messenger/window.ts";
 
 /** Which subscription, and which of its reader's deliveries, a message sent to the client came from. */
 export interface SentFrom {
-  subscription: Subscription;
+  subscription: MqttSubscription;
   delivery: ReaderDelivery<Message>;
 }
 
@@ -33,7 +33,7 @@ export interface SubscriptionOwner {
  * drawing on the session's window (the receive maximum spans every
  * subscription), one message per delivery.
  */
-export class Subscription {
+export class MqttSubscription {
   readonly pattern: string;
   /** Granted QoS; a SUBSCRIBE to the same filter again may change it in place. */
   qos: 0 | 1;
