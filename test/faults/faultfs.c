@@ -9,7 +9,10 @@
  * GENERATION not used before, the next COUNT (default 1) fsyncs of paths
  * containing SUBSTRING fail with EIO, and the bytes written to that file since its last successful fsync
  * are overwritten with 0xEE in the backing file, as the kernel drops pages
- * it could not write back. Every fsync is logged to EVENT_LOG as
+ * it could not write back. As the kernel reports a write-back error once to
+ * every file descriptor open at the time (errseq), every other descriptor
+ * of that file open when an fsync fails gets EIO from its next fsync too:
+ * an fsync already waiting when the bytes were lost must not vouch for them. Every fsync is logged to EVENT_LOG as
  * "ok PATH" or "failed PATH".
  *
  * Used by test/faults/fsync-once.test.ts; built there with cc and libfuse3.
@@ -35,6 +38,27 @@ static char eventlog[PATH_MAX];
 static long used_generation = 0;
 static long failures_left = 0;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Per backing descriptor: a hash of the path it is open on, and an error it has yet to report. */
+#define MAX_FDS 65536
+static unsigned long fd_path[MAX_FDS];
+static char owes_error[MAX_FDS];
+
+static unsigned long path_hash(const char *s)
+{
+	unsigned long h = 5381;
+	for (; *s; s++) h = h * 33 + (unsigned char)*s;
+	return h | 1; /* never 0, which marks a free slot */
+}
+
+static void track(int fd, const char *path)
+{
+	if (fd < 0 || fd >= MAX_FDS) return;
+	pthread_mutex_lock(&lock);
+	fd_path[fd] = path_hash(path);
+	owes_error[fd] = 0;
+	pthread_mutex_unlock(&lock);
+}
 
 /* Bytes written since the last good fsync, per path (a few files at a time). */
 struct dirty {
@@ -168,6 +192,7 @@ static int ff_open(const char *path, struct fuse_file_info *fi)
 	full(p, path);
 	int fd = open(p, fi->flags & ~O_CREAT);
 	if (fd == -1) return -errno;
+	track(fd, path);
 	fi->fh = fd;
 	fi->direct_io = 1; /* no page cache on top: what is read is what the backing file holds */
 	return 0;
@@ -179,6 +204,7 @@ static int ff_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 	full(p, path);
 	int fd = open(p, fi->flags, mode);
 	if (fd == -1) return -errno;
+	track(fd, path);
 	fi->fh = fd;
 	fi->direct_io = 1;
 	return 0;
@@ -220,8 +246,17 @@ static int ff_fsync(const char *path, int datasync, struct fuse_file_info *fi)
 			}
 			d->from = d->to = -1;
 		}
+		unsigned long h = path_hash(path);
+		for (int fd = 0; fd < MAX_FDS; fd++)
+			if (fd != (int)fi->fh && fd_path[fd] == h) owes_error[fd] = 1;
 		pthread_mutex_unlock(&lock);
 		note("failed", path);
+		return -EIO;
+	}
+	if (fi->fh < MAX_FDS && owes_error[fi->fh]) {
+		owes_error[fi->fh] = 0;
+		pthread_mutex_unlock(&lock);
+		note("owed", path);
 		return -EIO;
 	}
 	int r = datasync ? fdatasync(fi->fh) : fsync(fi->fh);
@@ -239,6 +274,12 @@ static int ff_fsyncdir(const char *path, int datasync, struct fuse_file_info *fi
 static int ff_release(const char *path, struct fuse_file_info *fi)
 {
 	(void)path;
+	if (fi->fh < MAX_FDS) {
+		pthread_mutex_lock(&lock);
+		fd_path[fi->fh] = 0;
+		owes_error[fi->fh] = 0;
+		pthread_mutex_unlock(&lock);
+	}
 	close(fi->fh);
 	return 0;
 }

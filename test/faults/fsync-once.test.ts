@@ -149,6 +149,7 @@ describe.skipIf(skipReason !== null)("fdatasyncs that fail", () => {
       // Under interval the records committed since the last good fdatasync are carried over from
       // memory: reading them back would return the junk the disk now holds.
       console.log(`sync ${sync}: ${acked.length} acknowledged, ${missing.length} missing after the restart, ${st.storage.disk.lost_records} counted lost`);
+      if (missing.length > 0) console.log(log, "\n---- after the restart\n", b.logs(), "\n---- faultfs events\n", readFileSync(events, "utf8").slice(-3000));
       expect(st.storage.disk.lost_records).toBe(0);
       expect(missing).toEqual([]);
       const seqs = got.map((m) => m.seq);
