@@ -38,13 +38,16 @@ function prepare(): string | null {
 const skipReason = prepare();
 if (skipReason) console.log(`SKIP fsync-once test: ${skipReason}`);
 let fs: ReturnType<typeof Bun.spawn> | null = null;
-let agent: AgentProc | null = null;
 let generation = 0;
 
+/** Every agent a test started: all are stopped at the end, not only the last. */
+const agents: AgentProc[] = [];
+
 afterAll(async () => {
-  if (agent && agent.child.proc.exitCode === null) {
-    agent.child.proc.kill("SIGKILL");
-    await agent.child.proc.exited;
+  for (const a of agents) {
+    if (a.child.proc.exitCode !== null || a.child.proc.signalCode !== null) continue;
+    a.child.proc.kill("SIGKILL");
+    await a.child.proc.exited;
   }
   if (fs) {
     Bun.spawnSync(["fusermount3", "-u", mnt]);
@@ -65,7 +68,10 @@ function start(into: string, sync: "always" | "interval", data: string): Promise
   mkdirSync(into, { recursive: true });
   const cfg = join(into, "keyop.yaml");
   writeFileSync(cfg, `storage:\n  sync: ${sync}\n  sync_interval_ms: 50ms\n`);
-  return runAgent(into, ["--config", cfg, "--data-dir", join(mnt, data)]);
+  return runAgent(into, ["--config", cfg, "--data-dir", join(mnt, data)]).then((a) => {
+    agents.push(a);
+    return a;
+  });
 }
 
 async function mountFaultfs(): Promise<void> {
@@ -84,7 +90,7 @@ describe.skipIf(skipReason !== null)("fdatasyncs that fail", () => {
     async (sync) => {
       await mountFaultfs();
       const data = `data-${sync}`;
-      const a = (agent = await start(join(dir, `${sync}-1`), sync, data));
+      const a = await start(join(dir, `${sync}-1`), sync, data);
       const acked: { seq: number; i: number }[] = [];
       const refused: string[] = [];
       let next = 0;
@@ -129,7 +135,7 @@ describe.skipIf(skipReason !== null)("fdatasyncs that fail", () => {
 
       a.child.proc.kill("SIGKILL");
       await a.child.proc.exited;
-      const b = (agent = await start(join(dir, `${sync}-2`), sync, data));
+      const b = await start(join(dir, `${sync}-2`), sync, data);
       const got: { seq: number; i: number }[] = [];
       for (;;) {
         const r = (await (await fetch("http://k/v1/channels/f/messages?subscriber=check&from=earliest&max=1000", { unix: b.socket } as RequestInit)).json()) as {
@@ -163,7 +169,7 @@ describe.skipIf(skipReason !== null)("fdatasyncs that fail", () => {
   test("a channel whose disk keeps failing refuses with log_unavailable while other channels, reads and status go on; it takes appends again once the disk works", async () => {
     await mountFaultfs();
     const data = "data-refuse";
-    const a = (agent = await start(join(dir, "refuse-1"), "always", data));
+    const a = await start(join(dir, "refuse-1"), "always", data);
     const pub = async (ch: string, i: number) => {
       const r = await fetch(`http://k/v1/channels/${ch}/messages`, {
         method: "POST",
@@ -234,7 +240,7 @@ describe.skipIf(skipReason !== null)("fdatasyncs that fail", () => {
 
     a.child.proc.kill("SIGKILL");
     await a.child.proc.exited;
-    const b = (agent = await start(join(dir, "refuse-2"), "always", data));
+    const b = await start(join(dir, "refuse-2"), "always", data);
     expect(await readAll(b.socket, "f")).toEqual(acked.f!);
     expect(await readAll(b.socket, "g")).toEqual(acked.g!);
   }, 120_000);
