@@ -11,16 +11,18 @@
  * snapshot, no fsync per message); NATS JetStream on file storage at its
  * default sync (written to the OS on every publish, fsynced every 2 min).
  */
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import mqtt, { type IClientOptions, type MqttClient } from "mqtt";
 import { connect as natsConnect, StorageType, type NatsConnection } from "nats";
 import { rssOf, anonOf, startAgent, publishRate } from "./api.ts";
 import { paced, start, startTrio, stop, streamCount, until, type Proc } from "./fed-lib.ts";
-import { diskFloorUs, printTable, quantile, writeResults, type Row } from "./lib.ts";
-import { portOpen, spawnReady, stopProc } from "./procs.ts";
+import { diskFloorUs, pace, printTable, quantile, writeResults, type Row } from "./lib.ts";
+import { portOpen, type Proc as Child } from "./procs.ts";
+import { bin, cpuOf, ensureInstalled, freePort, Servers, type ConfServer, type Server } from "./servers.ts";
 import { RawHttp } from "./raw-http.ts";
+import { steady } from "./steady.ts";
 import { barChart, type Bar } from "./svg.ts";
 
 const quick = process.argv.includes("--quick");
@@ -33,7 +35,6 @@ const LAT_SECS = quick ? 3 : 10;
 const BACKLOG = quick ? 10_000 : 50_000;
 const CRASH = 10_000;
 const PAYLOAD = "x".repeat(256);
-const CONFIGS = join(import.meta.dir, "configs");
 const root = mkdtempSync(join(process.env.KEYOP_BENCH_DIR ?? tmpdir(), "keyop-compare-"));
 const started = new Set<ReturnType<typeof Bun.spawn>>();
 const rows: Row[] = [];
@@ -44,75 +45,15 @@ const ingest = new Map<IngestId, number>();
 type Series = "keyop" | "keyop-none" | "keyop-mqtt" | "mosquitto" | "nats";
 /** Whose resources were measured. */
 type ResourcesOf = "keyop (sync=always)" | "keyop (sync=none)" | "mosquitto" | "nats-server";
-const charts: Record<string, Bar[]> = { ingest: [], latency: [], backlog: [], crash: [], resources: [] };
+const charts: Record<string, Bar[]> = { ingest: [], latency: [], backlog: [], crash: [], resources: [], steady: [] };
 
 // ---------- plumbing ----------
 
-/** apt-get installs the Debian packages whose commands are missing. */
-function ensureInstalled(): void {
-  const need: string[] = [];
-  if (!Bun.which("mosquitto") && !Bun.which("mosquitto", { PATH: "/usr/sbin" })) need.push("mosquitto");
-  if (!Bun.which("nats-server") && !Bun.which("nats-server", { PATH: "/usr/sbin:/usr/bin" })) need.push("nats-server");
-  if (need.length === 0) return;
-  console.log(`installing ${need.join(", ")} (apt-get)`);
-  Bun.spawnSync(["apt-get", "update", "-qq"], { stdout: "ignore", stderr: "inherit" });
-  const r = Bun.spawnSync(["apt-get", "install", "-y", "-qq", ...need], { stdout: "ignore", stderr: "inherit" });
-  if (r.exitCode !== 0) throw new Error(`apt-get install ${need.join(" ")} failed`);
-}
-
-const bin = (name: string) => Bun.which(name, { PATH: `/usr/sbin:/usr/bin:${process.env.PATH}` }) ?? name;
-
-function freePort(): number {
-  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const p = l.port;
-  l.stop(true);
-  return p;
-}
-
-/** A config from bench/configs with {{KEY}} filled in, written to `path`. */
-function config(template: string, vars: Record<string, string | number>, path: string, append = ""): string {
-  let text = readFileSync(join(CONFIGS, template), "utf8");
-  for (const [k, v] of Object.entries(vars)) text = text.replaceAll(`{{${k}}}`, String(v));
-  writeFileSync(path, text + append);
-  return path;
-}
-
-interface Server {
-  proc: ReturnType<typeof Bun.spawn>;
-  port: number;
-}
-
-async function server(cmd: string[], port: number, what: string): Promise<Server> {
-  return { proc: await spawnReady(cmd, portOpen(port), what, { group: started }), port };
-}
-
-async function kill(s: { proc: ReturnType<typeof Bun.spawn> }, signal: "SIGTERM" | "SIGKILL" = "SIGTERM"): Promise<void> {
-  await stopProc(s.proc, signal, started);
-}
-
-function dir(name: string): string {
-  const d = join(root, name);
-  mkdirSync(d, { recursive: true });
-  return d;
-}
-
-const mosquitto = async (name: string, append = "", port = freePort()): Promise<Server & { conf: string }> => {
-  const d = dir(name);
-  const conf = config("mosquitto.conf", { PORT: port, DIR: d }, join(d, "mosquitto.conf"), append);
-  return { ...(await server([bin("mosquitto"), "-c", conf], port, `mosquitto ${name}`)), conf };
-};
-
-const natsJs = async (name: string, port = freePort()): Promise<Server & { conf: string }> => {
-  const d = dir(name);
-  const conf = config("nats-js.conf", { PORT: port, DIR: join(d, "js") }, join(d, "nats.conf"));
-  return { ...(await server([bin("nats-server"), "-c", conf], port, `nats ${name}`)), conf };
-};
-
-/** CPU seconds (user + system) of a process so far. */
-function cpuOf(pid: number): number {
-  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
-  return (Number(f[11]) + Number(f[12])) / 100;
-}
+const servers = new Servers(root, started);
+const dir = (name: string) => servers.dir(name);
+const kill = (s: { proc: Child }, signal: "SIGTERM" | "SIGKILL" = "SIGTERM") => servers.kill(s, signal);
+const mosquitto = (name: string, append = "") => servers.mosquitto(name, append);
+const natsJs = (name: string) => servers.natsJs(name);
 
 /** `n` concurrent loops calling `fn` for `secs`; operations per second. */
 async function workers(n: number, secs: number, fn: () => Promise<unknown>): Promise<number> {
@@ -141,26 +82,6 @@ async function untilCount(n: number, total: number, fn: () => Promise<unknown>):
       }
     }),
   );
-}
-
-/** Calls `send(i)` at `rate` per second, `total` times, at most `inflight` unresolved at once. */
-async function pace(rate: number, total: number, inflight: number, send: (i: number) => unknown): Promise<void> {
-  const t0 = performance.now();
-  let sent = 0;
-  const pending = new Set<Promise<unknown>>();
-  while (sent < total) {
-    const due = Math.min(total, Math.floor(((performance.now() - t0) * rate) / 1000) + 1);
-    while (sent < due) {
-      const p = send(sent++);
-      if (p instanceof Promise) {
-        const q: Promise<unknown> = p.then(() => pending.delete(q));
-        pending.add(q);
-        if (pending.size >= inflight) await Promise.race(pending);
-      }
-    }
-    await Bun.sleep(Math.max(1, t0 + (sent * 1000) / rate - performance.now()));
-  }
-  await Promise.all(pending);
 }
 
 /** Waits until `count()` reaches `want`, or stops growing for `idleMs` (then some were lost). */
@@ -438,18 +359,12 @@ async function mqttLatency(pubPort: number, subPort: number, system: string, ser
   }
 }
 
-async function mosquittoTrio(tag: string): Promise<{ hub: Server & { conf: string }; a: Server; b: Server; restartHub: () => Promise<void> }> {
-  const hub = await mosquitto(`${tag}-hub`);
-  const bridge = (name: string, direction: string) =>
-    "\n" + readFileSync(join(CONFIGS, "mosquitto-bridge.conf"), "utf8").replaceAll("{{HUB_PORT}}", String(hub.port)).replaceAll("{{DIRECTION}}", direction).replaceAll("{{NAME}}", `${tag}-${name}`);
-  const a = await mosquitto(`${tag}-a`, bridge("a", "out"));
-  const b = await mosquitto(`${tag}-b`, bridge("b", "in"));
+async function mosquittoTrio(tag: string): Promise<{ hub: ConfServer; a: Server; b: Server; restartHub: () => Promise<void> }> {
+  const t = await servers.mosquittoTrio(tag);
   const result = {
-    hub,
-    a,
-    b,
+    ...t,
     async restartHub() {
-      result.hub = { ...(await server([bin("mosquitto"), "-c", hub.conf], hub.port, "mosquitto hub")), conf: hub.conf };
+      result.hub = await servers.restart(t.hub, "mosquitto");
     },
   };
   return result;
@@ -470,22 +385,8 @@ async function twoHopsMosquitto(): Promise<void> {
   }
 }
 
-async function natsTrio(tag: string): Promise<{ hub: Server; a: Server; b: Server; leafPort: number; hubConf: string }> {
-  const leafPort = freePort();
-  const hd = dir(`${tag}-hub`);
-  const hubConf = config("nats-hub.conf", { PORT: freePort(), LEAF_PORT: leafPort }, join(hd, "nats.conf"));
-  const hubPort = Number(/listen: 127\.0\.0\.1:(\d+)/.exec(readFileSync(hubConf, "utf8"))![1]);
-  const hub = await server([bin("nats-server"), "-c", hubConf], hubPort, "nats hub");
-  const leaf = async (name: string) => {
-    const port = freePort();
-    const conf = config("nats-leaf.conf", { PORT: port, LEAF_PORT: leafPort }, join(dir(`${tag}-${name}`), "nats.conf"));
-    return server([bin("nats-server"), "-c", conf], port, `nats ${name}`);
-  };
-  return { hub, a: await leaf("a"), b: await leaf("b"), leafPort, hubConf };
-}
-
 async function twoHopsNats(): Promise<void> {
-  const t = await natsTrio("nats-hops");
+  const t = await servers.natsTrio("nats-hops");
   try {
     for (const rate of [1000, 5000]) {
       const subject = `bench.lat${rate}`;
@@ -573,7 +474,7 @@ async function backlogMosquitto(): Promise<void> {
 }
 
 async function backlogNats(): Promise<void> {
-  const t = await natsTrio("nats-backlog");
+  const t = await servers.natsTrio("nats-backlog");
   try {
     let got = 0;
     const subConn = await natsConnect({ servers: `127.0.0.1:${t.b.port}` });
@@ -586,7 +487,7 @@ async function backlogNats(): Promise<void> {
     for (let i = 0; i < BACKLOG; i++) pub.publish("bench.backlog", data);
     await pub.flush();
     await pub.close();
-    t.hub = await server([bin("nats-server"), "-c", t.hubConf], t.hub.port, "nats hub");
+    t.hub = await servers.restart(t.hub, "nats-server");
     const r = await arrivals(() => got, BACKLOG, 10_000, 120_000);
     await subConn.close();
     backlogRow("NATS leaf nodes", "nats", r.got, r.ms);
@@ -659,7 +560,7 @@ async function crashMosquitto(): Promise<void> {
   });
   await kill(mq, "SIGKILL");
   pub.end(true);
-  mq = { ...(await server([bin("mosquitto"), "-c", mq.conf], mq.port, "mosquitto")), conf: mq.conf };
+  mq = await servers.restart(mq, "mosquitto");
   let got = 0;
   const back = await mqtt.connectAsync(`mqtt://127.0.0.1:${mq.port}`, { clean: false, clientId: "crash-reader" });
   back.on("message", () => got++);
@@ -680,7 +581,7 @@ async function crashNats(): Promise<void> {
   });
   await kill(ns, "SIGKILL");
   await nc.close().catch(() => {});
-  ns = { ...(await server([bin("nats-server"), "-c", ns.conf], ns.port, "nats")), conf: ns.conf };
+  ns = await servers.restart(ns, "nats-server");
   nc = await natsConnect({ servers: `127.0.0.1:${ns.port}` });
   let present = 0;
   await until(
@@ -698,6 +599,22 @@ async function crashNats(): Promise<void> {
   await nc.close();
   await kill(ns);
   crashRow("NATS JetStream", "nats", acked, present, "publish acknowledged by the stream; counted from the stream after restart");
+}
+
+// ---------- 6. steady rate ----------
+
+async function steadyRate(): Promise<void> {
+  const r = await steady({
+    servers,
+    rates: [100, 1000],
+    warmSecs: 2,
+    secs: quick ? 3 : 10,
+    idleSecs: quick ? 5 : 20,
+    only: only?.startsWith("steady") ? only : undefined,
+  });
+  rows.push(...r.rows);
+  for (const c of r.costs)
+    if (c.rate === 1000) charts.steady!.push({ label: `${c.workload}${c.system === "floor" ? "" : `, ${c.system}`}`, value: c.cpuUs, series: c.system === "floor" ? "floor" : c.system.startsWith("keyop") ? "keyop" : c.system });
 }
 
 // ---------- run ----------
@@ -742,7 +659,7 @@ function targets(): void {
 
 const t0 = performance.now();
 try {
-  ensureInstalled();
+  ensureInstalled({ mosquitto: "mosquitto", "nats-server": "nats-server", strace: "strace" });
   const v = versions();
   console.log(
     `keyop compare${quick ? " (quick)" : ""}: ${Object.entries(v)
@@ -764,9 +681,10 @@ try {
     ["4 crash: keyop", crashKeyop],
     ["4 crash: mosquitto", crashMosquitto],
     ["4 crash: nats", crashNats],
+    ["6 steady rate", steadyRate],
   ];
   for (const [name, fn] of steps) {
-    if (only && !name.includes(only)) continue;
+    if (only && !name.includes(only) && !(name === "6 steady rate" && only.startsWith("steady"))) continue;
     const s = performance.now();
     Bun.spawnSync(["sync"]);
     await fn();
@@ -784,6 +702,7 @@ try {
     backlog: [`3. Store and forward: of ${BACKLOG.toLocaleString("en-US")} published while the hub was down, arrived at B`, "msgs"],
     crash: [`4. Crash: of ${CRASH.toLocaleString("en-US")} acknowledged, gone after SIGKILL (lower is better)`, "msgs"],
     resources: ["5. RSS during ingest (lower is better)", "MB"],
+    steady: ["6. CPU per message at 1,000 msg/s, MQTT QoS 1 (lower is better)", "µs"],
   };
   for (const [k, bars] of Object.entries(charts)) if (bars.length > 0) writeFileSync(`${base}-${k}.svg`, barChart(titles[k]![0], titles[k]![1], bars));
   console.log(`\nresults: ${path} (+ ${Object.keys(charts).length} SVG charts), ${((performance.now() - t0) / 1000).toFixed(0)} s`);

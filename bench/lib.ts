@@ -99,3 +99,23 @@ export function diskFloorUs(dir: string, count = 200): number {
     rmSync(path, { force: true });
   }
 }
+
+/** Calls `send(i)` at `rate` per second, `total` times, at most `inflight` unresolved at once. */
+export async function pace(rate: number, total: number, inflight: number, send: (i: number) => unknown): Promise<void> {
+  const t0 = performance.now();
+  let sent = 0;
+  const pending = new Set<Promise<unknown>>();
+  while (sent < total) {
+    const due = Math.min(total, Math.floor(((performance.now() - t0) * rate) / 1000) + 1);
+    while (sent < due) {
+      const p = send(sent++);
+      if (p instanceof Promise) {
+        const q: Promise<unknown> = p.then(() => pending.delete(q));
+        pending.add(q);
+        if (pending.size >= inflight) await Promise.race(pending);
+      }
+    }
+    await Bun.sleep(Math.max(1, t0 + (sent * 1000) / rate - performance.now()));
+  }
+  await Promise.all(pending);
+}

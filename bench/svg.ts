@@ -8,11 +8,11 @@
 export interface Bar {
   label: string;
   value: number;
-  /** Bars with the same series share a colour (keyop, mosquitto, nats). */
+  /** Bars with the same series share a colour (keyop, mosquitto, nats, floor). */
   series: string;
 }
 
-const COLOURS: Record<string, string> = { keyop: "#2b6cb0", mosquitto: "#c05621", nats: "#2f855a" };
+const COLOURS: Record<string, string> = { keyop: "#2b6cb0", mosquitto: "#c05621", nats: "#2f855a", floor: "#718096" };
 
 const esc = (s: string) => s.replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;");
 

@@ -1,0 +1,158 @@
+/**
+ * The peer servers of the comparison benchmarks (Mosquitto, nats-server),
+ * alone and as three-server setups (bridges, leaf nodes), each with its
+ * config from bench/configs/ under one scratch directory; and the /proc
+ * readings every benchmark takes of a server (CPU, wake-ups).
+ */
+import { mkdirSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { portOpen, spawnReady, stopProc, type Proc } from "./procs.ts";
+
+const CONFIGS = join(import.meta.dir, "configs");
+
+/** A server process and the TCP port its clients use. */
+export interface Server {
+  proc: Proc;
+  port: number;
+}
+
+/** A server started from a config file (kept, to start it again). */
+export interface ConfServer extends Server {
+  conf: string;
+}
+
+/** apt-get installs the Debian packages whose commands are missing. */
+export function ensureInstalled(commands: Record<string, string> = { mosquitto: "mosquitto", "nats-server": "nats-server" }): void {
+  const need = Object.entries(commands)
+    .filter(([cmd]) => !Bun.which(cmd, { PATH: `/usr/sbin:/usr/bin:${process.env.PATH}` }))
+    .map(([, pkg]) => pkg);
+  if (need.length === 0) return;
+  console.log(`installing ${need.join(", ")} (apt-get)`);
+  Bun.spawnSync(["apt-get", "update", "-qq"], { stdout: "ignore", stderr: "inherit" });
+  const r = Bun.spawnSync(["apt-get", "install", "-y", "-qq", ...need], { stdout: "ignore", stderr: "inherit" });
+  if (r.exitCode !== 0) throw new Error(`apt-get install ${need.join(" ")} failed`);
+}
+
+export const bin = (name: string) => Bun.which(name, { PATH: `/usr/sbin:/usr/bin:${process.env.PATH}` }) ?? name;
+
+export function freePort(): number {
+  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
+  const p = l.port;
+  l.stop(true);
+  return p;
+}
+
+/** A config from bench/configs with {{KEY}} filled in, written to `path`. */
+export function config(template: string, vars: Record<string, string | number>, path: string, append = ""): string {
+  let text = readFileSync(join(CONFIGS, template), "utf8");
+  for (const [k, v] of Object.entries(vars)) text = text.replaceAll(`{{${k}}}`, String(v));
+  writeFileSync(path, text + append);
+  return path;
+}
+
+/** Starts and stops peer servers under `root`; `started` holds every one still running. */
+export class Servers {
+  constructor(
+    readonly root: string,
+    readonly started: Set<Proc>,
+  ) {}
+
+  dir(name: string): string {
+    const d = join(this.root, name);
+    mkdirSync(d, { recursive: true });
+    return d;
+  }
+
+  async server(cmd: string[], port: number, what: string): Promise<Server> {
+    return { proc: await spawnReady(cmd, portOpen(port), what, { group: this.started }), port };
+  }
+
+  async kill(s: { proc: Proc }, signal: "SIGTERM" | "SIGKILL" = "SIGTERM"): Promise<void> {
+    await stopProc(s.proc, signal, this.started);
+  }
+
+  /** Starts `program` again on the config and port of `s` (after it was stopped). */
+  async restart(s: ConfServer, program: "mosquitto" | "nats-server"): Promise<ConfServer> {
+    return { ...(await this.server([bin(program), "-c", s.conf], s.port, `${program} again`)), conf: s.conf };
+  }
+
+  async mosquitto(name: string, append = "", port = freePort()): Promise<ConfServer> {
+    const d = this.dir(name);
+    const conf = config("mosquitto.conf", { PORT: port, DIR: d }, join(d, "mosquitto.conf"), append);
+    return { ...(await this.server([bin("mosquitto"), "-c", conf], port, `mosquitto ${name}`)), conf };
+  }
+
+  async natsJs(name: string, port = freePort()): Promise<ConfServer> {
+    const d = this.dir(name);
+    const conf = config("nats-js.conf", { PORT: port, DIR: join(d, "js") }, join(d, "nats.conf"));
+    return { ...(await this.server([bin("nats-server"), "-c", conf], port, `nats ${name}`)), conf };
+  }
+
+  /** A hub Mosquitto and two edges bridged to it at QoS 1: `a` sends bench/# out, `b` takes it in. */
+  async mosquittoTrio(tag: string): Promise<{ hub: ConfServer; a: ConfServer; b: ConfServer }> {
+    const hub = await this.mosquitto(`${tag}-hub`);
+    const bridge = (name: string, direction: string) =>
+      "\n" + readFileSync(join(CONFIGS, "mosquitto-bridge.conf"), "utf8").replaceAll("{{HUB_PORT}}", String(hub.port)).replaceAll("{{DIRECTION}}", direction).replaceAll("{{NAME}}", `${tag}-${name}`);
+    const a = await this.mosquitto(`${tag}-a`, bridge("a", "out"));
+    const b = await this.mosquitto(`${tag}-b`, bridge("b", "in"));
+    return { hub, a, b };
+  }
+
+  /** A hub nats-server and two leaf nodes connected to it. */
+  async natsTrio(tag: string): Promise<{ hub: ConfServer; a: Server; b: Server; leafPort: number }> {
+    const leafPort = freePort();
+    const hubPort = freePort();
+    const hubConf = config("nats-hub.conf", { PORT: hubPort, LEAF_PORT: leafPort }, join(this.dir(`${tag}-hub`), "nats.conf"));
+    const hub = { ...(await this.server([bin("nats-server"), "-c", hubConf], hubPort, "nats hub")), conf: hubConf };
+    const leaf = async (name: string) => {
+      const port = freePort();
+      const conf = config("nats-leaf.conf", { PORT: port, LEAF_PORT: leafPort }, join(this.dir(`${tag}-${name}`), "nats.conf"));
+      return this.server([bin("nats-server"), "-c", conf], port, `nats ${name}`);
+    };
+    return { hub, a: await leaf("a"), b: await leaf("b"), leafPort };
+  }
+}
+
+/** CPU seconds (user + system) of a process so far, from /proc/PID/stat (10 ms ticks). */
+export function cpuOf(pid: number): number {
+  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ");
+  return (Number(f[11]) + Number(f[12])) / 100;
+}
+
+/**
+ * What the scheduler counted for every thread of a process so far: CPU
+ * seconds (utime + stime, from /proc/PID/stat, which includes threads that
+ * have exited) refined to nanoseconds by the threads' schedstat where those
+ * agree, and the wake-ups (voluntary context switches: each is a sleep that
+ * something later ended).
+ */
+export interface ProcCounters {
+  /** CPU seconds, user + system. */
+  cpu: number;
+  /** Voluntary context switches of all threads. */
+  wakeups: number;
+}
+
+export function countersOf(pid: number): ProcCounters {
+  let ns = 0;
+  let wakeups = 0;
+  for (const t of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      ns += Number(readFileSync(`/proc/${pid}/task/${t}/schedstat`, "utf8").split(" ")[0]);
+      const m = /voluntary_ctxt_switches:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/task/${t}/status`, "utf8"));
+      wakeups += m ? Number(m[1]) : 0;
+    } catch {
+      // the thread ended between the listing and the read
+    }
+  }
+  // schedstat counts live threads only; stat also counts the ones that ended. Ticks are 10 ms,
+  // too coarse for a quiet second, so the nanosecond sum is used unless threads ended with more.
+  const ticks = cpuOf(pid);
+  return { cpu: ticks > ns / 1e9 + 0.02 ? ticks : ns / 1e9, wakeups };
+}
+
+/** The sum of `countersOf` over `pids`. */
+export function countersOfAll(pids: number[]): ProcCounters {
+  const all = pids.map(countersOf);
+  return { cpu: all.reduce((s, c) => s + c.cpu, 0), wakeups: all.reduce((s, c) => s + c.wakeups, 0) };
+}

@@ -1,0 +1,451 @@
+/**
+ * The steady-rate workload of `npm run bench:compare`: what a message costs
+ * at the rates boards run (100 and 1,000 msg/s), not how many a server can
+ * take. Every system gets the same client (this process): MQTT QoS 1 paced
+ * at a fixed rate, 256-byte messages, measured after a warm-up. For each,
+ * the CPU per message (utime + stime of every server process on the path,
+ * from /proc), the wake-ups per message, and for two hops the latency
+ * percentiles; then the servers idle side by side (CPU, wake-ups per second,
+ * file-system calls). A bare Bun server that only receives and answers is
+ * the floor line: what the runtime costs before any keyop code runs.
+ */
+import { join } from "node:path";
+import mqtt from "mqtt";
+import { connect as natsConnect, StorageType } from "nats";
+import { start, startTrio, stop, type Proc } from "./fed-lib.ts";
+import { FLOOR_MESSAGE, FLOOR_MODES, type FloorMode } from "./floor-server.ts";
+import { pace, quantile, type Row } from "./lib.ts";
+import { portOpen, spawnReady, stopProc, until } from "./procs.ts";
+import { countersOfAll, freePort, type Servers } from "./servers.ts";
+
+/** The systems of the steady workload. */
+export type SteadySystem = "floor" | "keyop sync=none" | "keyop sync=always" | "mosquitto" | "nats";
+
+export interface SteadyOptions {
+  servers: Servers;
+  rates: number[];
+  warmSecs: number;
+  secs: number;
+  idleSecs: number;
+  /** Steps whose names do not contain this are skipped. */
+  only?: string;
+}
+
+/** CPU and wake-ups per message of one measured window. */
+export interface SteadyCost {
+  system: SteadySystem;
+  workload: "one broker" | "two hops" | `floor: ${FloorMode}`;
+  rate: number;
+  cpuUs: number;
+  wakeupsPerMsg: number;
+  latency?: { p50: number; p99: number; max: number; lost: number };
+}
+
+/** What an idle server did in `idleSecs`. */
+export interface IdleCost {
+  who: string;
+  cpuPct: number;
+  wakeupsPerSec: number;
+  /** File-system calls seen by strace in a second window (open, stat, write to files, fsync...). */
+  fileCalls: number | undefined;
+  fileCallNames: string;
+}
+
+export interface SteadyResult {
+  rows: Row[];
+  costs: SteadyCost[];
+  idle: IdleCost[];
+}
+
+const PAD = "x".repeat(200);
+const stamp = () => JSON.stringify({ t: performance.timeOrigin + performance.now(), pad: PAD });
+
+/** Runs `send` at `rate` for the warm-up (unmeasured), then measures `pids` over `secs` at the same rate. */
+async function measured(
+  pids: () => number[],
+  rate: number,
+  o: SteadyOptions,
+  send: (i: number) => unknown,
+  hooks: { afterWarm?: () => Promise<void>; afterRun?: () => Promise<void> } = {},
+): Promise<{ cpuUs: number; wakeupsPerMsg: number }> {
+  await pace(rate, Math.round(rate * o.warmSecs), 64, send);
+  await hooks.afterWarm?.();
+  const total = Math.round(rate * o.secs);
+  const c0 = countersOfAll(pids());
+  await pace(rate, total, 64, send);
+  // (Waiting for the last arrivals counts in the window: the work they caused is part of the cost.)
+  await hooks.afterRun?.();
+  const c1 = countersOfAll(pids());
+  return { cpuUs: ((c1.cpu - c0.cpu) / total) * 1e6, wakeupsPerMsg: (c1.wakeups - c0.wakeups) / total };
+}
+
+/** The floor: the bare Bun server in each mode, one 256-byte message in flight, paced. */
+async function floor(o: SteadyOptions, rate: number, mode: FloorMode): Promise<SteadyCost> {
+  const port = freePort();
+  const d = o.servers.dir(`floor-${mode}`);
+  const proc = await spawnReady([process.execPath, join(import.meta.dir, "floor-server.ts"), String(port), mode, join(d, "log")], portOpen(port), `floor ${mode}`, { group: o.servers.started });
+  try {
+    const waiting: (() => void)[] = [];
+    const sock = await Bun.connect({
+      hostname: "127.0.0.1",
+      port,
+      socket: {
+        data(_s, chunk) {
+          for (let n = chunk.length / 4; n > 0; n--) waiting.shift()?.();
+        },
+      },
+    });
+    const msg = new Uint8Array(FLOOR_MESSAGE).fill(120);
+    const send = () => {
+      sock.write(msg);
+      return new Promise<void>((resolve) => waiting.push(resolve));
+    };
+    const r = await measured(() => [proc.pid], rate, o, send);
+    sock.end();
+    return { system: "floor", workload: `floor: ${mode}`, rate, ...r };
+  } finally {
+    await stopProc(proc, "SIGTERM", o.servers.started);
+  }
+}
+
+/** A paced MQTT QoS 1 publisher on `port`: `send` publishes one stamped message to `topic`. */
+async function mqttPublisher(port: number, topic: string) {
+  const c = await mqtt.connectAsync(`mqtt://127.0.0.1:${port}`, { clean: true });
+  return { send: () => c.publishAsync(topic, stamp(), { qos: 1 }), end: () => c.endAsync() };
+}
+
+/** Waits until `got()` reaches `want` or stops growing for 3 s. */
+async function arrived(got: () => number, want: number): Promise<void> {
+  let last = -1;
+  let since = performance.now();
+  while (got() < want) {
+    if (got() !== last) {
+      last = got();
+      since = performance.now();
+    } else if (performance.now() - since > 3000) return;
+    await Bun.sleep(5);
+  }
+}
+
+async function oneBrokerMqtt(o: SteadyOptions, system: SteadySystem, rate: number, port: number, pids: () => number[]): Promise<SteadyCost> {
+  const pub = await mqttPublisher(port, `bench/steady${rate}`);
+  try {
+    return { system, workload: "one broker", rate, ...(await measured(pids, rate, o, pub.send)) };
+  } finally {
+    await pub.end();
+  }
+}
+
+/** Two hops with MQTT on both ends: publisher on `pubPort`, subscriber on `subPort`, latency of each message. */
+async function twoHopsMqtt(o: SteadyOptions, system: SteadySystem, rate: number, pubPort: number, subPort: number, pids: () => number[]): Promise<SteadyCost> {
+  const topic = `bench/hops${rate}`;
+  const sub = await mqtt.connectAsync(`mqtt://127.0.0.1:${subPort}`, { clean: true });
+  await sub.subscribeAsync(topic, { qos: 1 });
+  let lat: number[] = [];
+  let got = 0;
+  sub.on("message", (_t, p) => {
+    got++;
+    lat.push(performance.timeOrigin + performance.now() - JSON.parse(p.toString()).t);
+  });
+  const pub = await mqttPublisher(pubPort, topic);
+  let sent = 0;
+  const send = () => {
+    sent++;
+    return pub.send();
+  };
+  try {
+    // The warm-up's arrivals are not counted: the window starts when they are all in.
+    const r = await measured(pids, rate, o, send, {
+      afterWarm: async () => {
+        await arrived(() => got, sent);
+        lat = [];
+      },
+      afterRun: () => arrived(() => got, sent),
+    });
+    const total = Math.round(rate * o.secs);
+    return { system, workload: "two hops", rate, cpuUs: r.cpuUs, wakeupsPerMsg: r.wakeupsPerMsg, latency: latencyOf(lat, total) };
+  } finally {
+    await pub.end();
+    await sub.endAsync();
+  }
+}
+
+function latencyOf(lat: number[], total: number) {
+  return { p50: quantile(lat, 0.5), p99: quantile(lat, 0.99), max: quantile(lat, 1), lost: total - lat.length };
+}
+
+/** NATS: JetStream on file as the one broker, leaf nodes for two hops (core NATS, as its bridge analogue). */
+async function natsOneBroker(o: SteadyOptions, rate: number): Promise<SteadyCost> {
+  const ns = await o.servers.natsJs(`steady-nats-${rate}`);
+  const nc = await natsConnect({ servers: `127.0.0.1:${ns.port}` });
+  try {
+    await (await nc.jetstreamManager()).streams.add({ name: "STEADY", subjects: ["bench.steady"], storage: StorageType.File });
+    const js = nc.jetstream();
+    const enc = new TextEncoder();
+    const r = await measured(() => [ns.proc.pid], rate, o, () => js.publish("bench.steady", enc.encode(stamp())));
+    return { system: "nats", workload: "one broker", rate, ...r };
+  } finally {
+    await nc.close();
+    await o.servers.kill(ns);
+  }
+}
+
+async function natsTwoHops(o: SteadyOptions, rate: number): Promise<SteadyCost> {
+  const t = await o.servers.natsTrio(`steady-nats-hops-${rate}`);
+  const subConn = await natsConnect({ servers: `127.0.0.1:${t.b.port}` });
+  const pub = await natsConnect({ servers: `127.0.0.1:${t.a.port}` });
+  try {
+    let lat: number[] = [];
+    let got = 0;
+    const subject = `bench.hops${rate}`;
+    subConn.subscribe(subject, {
+      callback: (_e, m) => {
+        got++;
+        lat.push(performance.timeOrigin + performance.now() - JSON.parse(new TextDecoder().decode(m.data)).t);
+      },
+    });
+    await subConn.flush();
+    // The leaf nodes learn of the subscription through the hub; wait until a message makes it.
+    await until("nats leaf interest", async () => {
+      pub.publish(subject, new TextEncoder().encode(stamp()));
+      await pub.flush();
+      await Bun.sleep(50);
+      return got > 0;
+    });
+    const enc = new TextEncoder();
+    let sent = got;
+    const send = () => {
+      sent++;
+      pub.publish(subject, enc.encode(stamp()));
+      return pub.flush();
+    };
+    const r = await measured(() => [t.a.proc.pid, t.hub.proc.pid, t.b.proc.pid], rate, o, send, {
+      afterWarm: async () => {
+        await arrived(() => got, sent);
+        lat = [];
+      },
+      afterRun: () => arrived(() => got, sent),
+    });
+    return { system: "nats", workload: "two hops", rate, cpuUs: r.cpuUs, wakeupsPerMsg: r.wakeupsPerMsg, latency: latencyOf(lat, Math.round(rate * o.secs)) };
+  } finally {
+    await pub.close();
+    await subConn.close();
+    for (const s of [t.a, t.b, t.hub]) await o.servers.kill(s);
+  }
+}
+
+const MQTT_DEVICE = (port: number) => `mqtt:\n  listen: 127.0.0.1:${port}\n`;
+
+async function keyopOneBroker(o: SteadyOptions, sync: "none" | "always", rate: number): Promise<SteadyCost> {
+  const port = freePort();
+  const p = await start(o.servers.dir(`steady-keyop-${sync}-${rate}`), "agent", MQTT_DEVICE(port), sync);
+  try {
+    await until("keyop mqtt listening", portOpen(port), 20_000);
+    return await oneBrokerMqtt(o, `keyop sync=${sync}`, rate, port, () => [p.proc.pid]);
+  } finally {
+    await stop(p);
+  }
+}
+
+async function keyopTwoHops(o: SteadyOptions, sync: "none" | "always", rate: number): Promise<SteadyCost> {
+  const ports = { devA: freePort(), devB: freePort() };
+  const trio = await startTrio(o.servers.dir(`steady-keyop-hops-${sync}-${rate}`), { pattern: "bench.>", sync, deviceYaml: (n) => MQTT_DEVICE(ports[n]) });
+  try {
+    await until("keyop mqtt listening", async () => (await portOpen(ports.devA)()) && portOpen(ports.devB)(), 20_000);
+    return await twoHopsMqtt(o, `keyop sync=${sync}`, rate, ports.devA, ports.devB, () => [trio.devA.proc.pid, trio.hub.proc.pid, trio.devB.proc.pid]);
+  } finally {
+    for (const p of [trio.devA, trio.devB, trio.hub]) await stop(p);
+  }
+}
+
+async function mosquittoOneBroker(o: SteadyOptions, rate: number): Promise<SteadyCost> {
+  const mq = await o.servers.mosquitto(`steady-mq-${rate}`);
+  try {
+    return await oneBrokerMqtt(o, "mosquitto", rate, mq.port, () => [mq.proc.pid]);
+  } finally {
+    await o.servers.kill(mq);
+  }
+}
+
+async function mosquittoTwoHops(o: SteadyOptions, rate: number): Promise<SteadyCost> {
+  const t = await o.servers.mosquittoTrio(`steady-mq-hops-${rate}`);
+  try {
+    // The bridges connect on their own schedule: wait until a message crosses both.
+    const probe = await mqtt.connectAsync(`mqtt://127.0.0.1:${t.b.port}`, { clean: true });
+    let crossed = false;
+    await probe.subscribeAsync("bench/probe", { qos: 1 });
+    probe.on("message", () => (crossed = true));
+    const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${t.a.port}`, { clean: true });
+    await until("mosquitto bridges up", async () => {
+      await pub.publishAsync("bench/probe", "x", { qos: 1 });
+      await Bun.sleep(50);
+      return crossed;
+    });
+    await pub.endAsync();
+    await probe.endAsync();
+    return await twoHopsMqtt(o, "mosquitto", rate, t.a.port, t.b.port, () => [t.a.proc.pid, t.hub.proc.pid, t.b.proc.pid]);
+  } finally {
+    for (const s of [t.a, t.b, t.hub]) await o.servers.kill(s);
+  }
+}
+
+// ---------- idle ----------
+
+/** strace's count of the file-system calls `pid` made in `secs` (undefined when strace is missing). */
+async function fileCallsOf(pid: number, secs: number): Promise<{ count: number; names: string } | undefined> {
+  if (!Bun.which("strace")) return undefined;
+  const p = Bun.spawn(["strace", "-f", "-c", "-q", "-e", "trace=%file,fsync,fdatasync,pwrite64,ftruncate,fallocate", "-p", String(pid)], { stdout: "ignore", stderr: "pipe" });
+  await Bun.sleep(secs * 1000);
+  p.kill("SIGINT");
+  const text = await new Response(p.stderr).text();
+  await p.exited;
+  const calls: string[] = [];
+  let count = 0;
+  for (const line of text.split("\n")) {
+    const m = /^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$/.exec(line);
+    if (m && m[2] !== "total") {
+      count += Number(m[1]);
+      calls.push(`${m[2]} ${m[1]}`);
+    }
+  }
+  return { count, names: calls.join(", ") };
+}
+
+/** Every idle server side by side: CPU and wake-ups over `idleSecs`, then file-system calls over as long again. */
+async function idle(o: SteadyOptions): Promise<IdleCost[]> {
+  const port = freePort();
+  const alone = await start(o.servers.dir("idle-keyop"), "agent", MQTT_DEVICE(port), "always");
+  const ports = { devA: freePort(), devB: freePort() };
+  const trio = await startTrio(o.servers.dir("idle-keyop-trio"), { pattern: "bench.>", deviceYaml: (n) => MQTT_DEVICE(ports[n]) });
+  const mq = await o.servers.mosquitto("idle-mq");
+  const mqt = await o.servers.mosquittoTrio("idle-mq-hops");
+  const ns = await o.servers.natsJs("idle-nats");
+  const nt = await o.servers.natsTrio("idle-nats-hops");
+  const who: [string, number][] = [
+    ["keyop agent (MQTT listener)", alone.proc.pid],
+    ["keyop device linked to a hub", trio.devA.proc.pid],
+    ["keyop hub with two links", trio.hub.proc.pid],
+    ["mosquitto", mq.proc.pid],
+    ["mosquitto bridged edge", mqt.a.proc.pid],
+    ["nats-server (JetStream)", ns.proc.pid],
+    ["nats-server leaf node", nt.a.proc.pid],
+  ];
+  try {
+    await Bun.sleep(3000); // past start-up work (first heartbeats, first cursor writes)
+    const c0 = who.map(([, pid]) => countersOfAll([pid]));
+    const t0 = performance.now();
+    await Bun.sleep(o.idleSecs * 1000);
+    const secs = (performance.now() - t0) / 1000;
+    const c1 = who.map(([, pid]) => countersOfAll([pid]));
+    const files = await Promise.all(who.map(([, pid]) => fileCallsOf(pid, o.idleSecs)));
+    return who.map(([name], i) => ({
+      who: name,
+      cpuPct: ((c1[i]!.cpu - c0[i]!.cpu) / secs) * 100,
+      wakeupsPerSec: (c1[i]!.wakeups - c0[i]!.wakeups) / secs,
+      fileCalls: files[i]?.count,
+      fileCallNames: files[i]?.names ?? "strace not installed",
+    }));
+  } finally {
+    for (const p of [alone, trio.devA, trio.devB, trio.hub]) await stop(p as Proc);
+    for (const s of [mq, mqt.a, mqt.b, mqt.hub, ns, nt.a, nt.b, nt.hub]) await o.servers.kill(s);
+  }
+}
+
+// ---------- the whole workload ----------
+
+export async function steady(o: SteadyOptions): Promise<SteadyResult> {
+  const costs: SteadyCost[] = [];
+  const step = async (name: string, fn: () => Promise<SteadyCost>) => {
+    if (o.only && !`steady: ${name}`.includes(o.only)) return;
+    const t = performance.now();
+    costs.push(await fn());
+    console.log(`  steady: ${name}: ${((performance.now() - t) / 1000).toFixed(1)} s`);
+  };
+  for (const rate of o.rates) {
+    for (const mode of FLOOR_MODES) await step(`floor ${mode} @${rate}`, () => floor(o, rate, mode));
+    await step(`one broker keyop sync=none @${rate}`, () => keyopOneBroker(o, "none", rate));
+    await step(`one broker keyop sync=always @${rate}`, () => keyopOneBroker(o, "always", rate));
+    await step(`one broker mosquitto @${rate}`, () => mosquittoOneBroker(o, rate));
+    await step(`one broker nats @${rate}`, () => natsOneBroker(o, rate));
+    await step(`two hops keyop sync=none @${rate}`, () => keyopTwoHops(o, "none", rate));
+    await step(`two hops keyop sync=always @${rate}`, () => keyopTwoHops(o, "always", rate));
+    await step(`two hops mosquitto @${rate}`, () => mosquittoTwoHops(o, rate));
+    await step(`two hops nats @${rate}`, () => natsTwoHops(o, rate));
+  }
+  let idleCosts: IdleCost[] = [];
+  if (!o.only || "steady: idle".includes(o.only)) {
+    const t = performance.now();
+    idleCosts = await idle(o);
+    console.log(`  steady: idle: ${((performance.now() - t) / 1000).toFixed(1)} s`);
+  }
+  return { rows: steadyRows(costs, idleCosts), costs, idle: idleCosts };
+}
+
+/** The table rows, the ratios to Mosquitto and the issue's targets. */
+export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
+  const rows: Row[] = [];
+  const G = "6 steady rate";
+  const find = (system: SteadySystem, workload: SteadyCost["workload"], rate: number) => costs.find((c) => c.system === system && c.workload === workload && c.rate === rate);
+  for (const c of costs) {
+    const where = c.workload.startsWith("floor") ? "bare Bun server" : c.workload === "two hops" ? "all three servers" : "the server";
+    rows.push({ group: G, metric: `${c.workload}, ${c.system === "floor" ? "" : `${c.system}, `}@${c.rate}/s: CPU per message`, value: c.cpuUs, unit: "µs", note: `${where}; ${c.wakeupsPerMsg.toFixed(2)} wake-ups per message` });
+    if (c.latency)
+      rows.push({
+        group: G,
+        metric: `two hops, ${c.system}, @${c.rate}/s: p50 / p99 / max`,
+        value: c.latency.p99,
+        unit: "ms p99",
+        note: `p50 ${c.latency.p50.toFixed(2)}, p99 ${c.latency.p99.toFixed(2)}, max ${c.latency.max.toFixed(2)} ms; ${c.latency.lost} lost`,
+      });
+  }
+  for (const i of idleCosts)
+    rows.push({
+      group: G,
+      metric: `idle: ${i.who}`,
+      value: i.cpuPct,
+      unit: "% core",
+      note: `${i.wakeupsPerSec.toFixed(1)} wake-ups/s; file-system calls in a window as long: ${i.fileCalls ?? "?"}${i.fileCalls ? ` (${i.fileCallNames})` : ""}`,
+    });
+  const T = "targets";
+  const verdict = (ok: boolean) => (ok ? "met" : "MISSED");
+  const ratio = (a?: SteadyCost, b?: SteadyCost) => (a && b ? a.cpuUs / b.cpuUs : NaN);
+  for (const rate of [...new Set(costs.map((c) => c.rate))]) {
+    const mq1 = find("mosquitto", "one broker", rate);
+    const floorAnswer = find("floor", "floor: answer", rate);
+    for (const [sync, limit] of [
+      ["none", 1.5],
+      ["always", 3],
+    ] as const) {
+      const k = find(`keyop sync=${sync}`, "one broker", rate);
+      const r = ratio(k, mq1);
+      if (rate === 1000) rows.push({ group: T, metric: `one broker @${rate}/s, keyop sync=${sync} / mosquitto CPU per message`, value: r, unit: "x", note: `<= ${limit}: ${verdict(r <= limit)}; the bare Bun floor is ${ratio(floorAnswer, mq1).toFixed(2)}x` });
+    }
+    if (rate === 1000) {
+      const k = find("keyop sync=none", "two hops", rate);
+      const m = find("mosquitto", "two hops", rate);
+      const r = ratio(k, m);
+      rows.push({ group: T, metric: `two hops @${rate}/s, keyop sync=none / mosquitto bridges CPU per message`, value: r, unit: "x", note: `<= 2: ${verdict(r <= 2)}` });
+      const p = k?.latency && m?.latency ? k.latency.p99 / m.latency.p99 : NaN;
+      rows.push({ group: T, metric: `two hops @${rate}/s, keyop sync=none / mosquitto bridges p99`, value: p, unit: "x", note: `<= 2: ${verdict(p <= 2)}` });
+      const a = find("keyop sync=always", "two hops", rate)?.latency?.p99 ?? NaN;
+      rows.push({ group: T, metric: `two hops @${rate}/s, keyop sync=always p99`, value: a, unit: "ms", note: `< 5: ${verdict(a < 5)}` });
+    }
+  }
+  for (const sys of ["keyop sync=none", "keyop sync=always"] as const)
+    for (const w of ["one broker", "two hops"] as const) {
+      const r = ratio(find(sys, w, 100), find(sys, w, 1000));
+      rows.push({ group: T, metric: `${w}, ${sys}: CPU per message @100/s over @1000/s`, value: r, unit: "x", note: `<= 1.5: ${verdict(r <= 1.5)}` });
+    }
+  const mqIdle = idleCosts.find((i) => i.who === "mosquitto");
+  for (const i of idleCosts.filter((x) => x.who.startsWith("keyop"))) {
+    const ok = i.wakeupsPerSec <= 2 && i.fileCalls === 0 && mqIdle !== undefined && i.cpuPct <= 2 * Math.max(mqIdle.cpuPct, 0.01);
+    rows.push({
+      group: T,
+      metric: `idle ${i.who}: wake-ups/s, file-system calls, CPU / mosquitto's`,
+      value: i.wakeupsPerSec,
+      unit: "/s",
+      note: `<= 2/s, 0 calls, <= 2x: ${verdict(ok)}; ${i.fileCalls ?? "?"} calls, ${mqIdle ? (i.cpuPct / Math.max(mqIdle.cpuPct, 0.01)).toFixed(1) : "?"}x mosquitto's CPU`,
+    });
+  }
+  return rows.filter((r) => !(r.group === T && !Number.isFinite(r.value)));
+}
