@@ -610,6 +610,7 @@ async function steadyRate(): Promise<void> {
     warmSecs: 2,
     secs: quick ? 3 : 10,
     idleSecs: quick ? 5 : 20,
+    settleSecs: quick ? 10 : 40,
     only: only?.startsWith("steady") ? only : undefined,
   });
   rows.push(...r.rows);

@@ -52,7 +52,7 @@ export class SessionStore {
   private dirty = false;
   private failedSaves = 0;
   private lastError: string | null = null;
-  private timer: ReturnType<typeof setInterval> | null = null;
+  private timer: ReturnType<typeof setTimeout> | null = null;
   private saving: Promise<void> = Promise.resolve();
 
   private readonly logger: Logger | undefined;
@@ -94,11 +94,6 @@ export class SessionStore {
     }
     // From now on the file on disk is not clean until the next clean close.
     await s.save(false);
-    s.timer = setInterval(() => {
-      // save() logs and counts its own failure and marks the state dirty again, so this tick is the retry.
-      if (s.dirty) void s.save(false).catch(() => undefined);
-    }, SAVE_EVERY_MS);
-    s.timer.unref?.();
     return s;
   }
 
@@ -117,7 +112,7 @@ export class SessionStore {
     }
     if ((chans.get(channel) ?? 0) < seq) {
       chans.set(channel, seq);
-      this.dirty = true;
+      this.markDirty();
     }
   }
 
@@ -150,9 +145,28 @@ export class SessionStore {
     return this.save(false);
   }
 
+  /**
+   * Something changed: one save `SAVE_EVERY_MS` from now takes it (and all
+   * that changes meanwhile). Nothing changed, no timer: an idle agent does
+   * not wake for this.
+   */
+  private markDirty(): void {
+    this.dirty = true;
+    if (this.timer !== null || this.closed) return;
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      // save() logs and counts its own failure and marks the state dirty again, which arms the retry.
+      if (this.dirty) void this.save(false).catch(() => undefined);
+    }, SAVE_EVERY_MS);
+    this.timer.unref?.();
+  }
+
+  private closed = false;
+
   /** Saves everything and marks the file clean: the next start knows the marks exactly. */
   async close(): Promise<void> {
-    if (this.timer) clearInterval(this.timer);
+    this.closed = true;
+    if (this.timer) clearTimeout(this.timer);
     this.timer = null;
     await this.save(true);
   }
@@ -178,7 +192,7 @@ export class SessionStore {
     this.queued = task;
     // Logged and counted here once; callers that do not wait for it ignore the rejection.
     this.saving = task.catch((err) => {
-      this.dirty = true; // try again at the next tick of the timer
+      this.markDirty(); // tried again in SAVE_EVERY_MS
       this.failedSaves++;
       this.lastError = String(err);
       this.logger?.error("mqtt session state not saved", { file: join(this.dir, FILE), error: String(err), failed_saves: this.failedSaves });

@@ -23,7 +23,7 @@
  * and tries again with backoff (docs/reliability.md).
  */
 import { open, unlink, type FileHandle } from "node:fs/promises";
-import { ftruncateSync, writeSync } from "node:fs";
+import { fdatasyncSync, ftruncateSync, writeSync } from "node:fs";
 import { ClosedError, ioErrorFrom, LogUnavailableError, TooLargeError, type KeyopError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
 import { listSegments, recoverActiveSegment } from "./recovery.ts";
@@ -111,6 +111,19 @@ const RETRY_MAX_MS = 2_000;
 const DAMAGE_KEPT = 16;
 /** Default preallocation step. */
 const PREALLOCATE_BYTES = 1024 * 1024;
+/**
+ * A commit of at most this many records with no other in flight is
+ * fdatasynced on the event loop's own thread: at the rates a board runs,
+ * commits carry one record each, and the thread pool's round trip (a wake-up
+ * there, another back) cost more CPU than the fdatasync itself.
+ */
+const INLINE_SYNC_RECORDS = 8;
+/**
+ * ...but only while this disk's fdatasyncs are quick (smoothed, ms): an SD
+ * card that takes tens of ms must not hold every socket and timer of the
+ * agent that long; its fdatasyncs go to the thread pool.
+ */
+const INLINE_SYNC_MAX_MS = 2;
 
 /** The log of one channel. Create with `ChannelLog.open`. */
 export class ChannelLog {
@@ -383,6 +396,10 @@ export class ChannelLog {
       }
       return true;
     }
+    if (this.inflight === 0 && chunk.length <= INLINE_SYNC_RECORDS && this.fsyncMs < INLINE_SYNC_MAX_MS) {
+      const sfh = seg.syncHandleNow();
+      if (sfh) return this.syncInline(seg, sfh, pos, firstSeq, chunk, buf);
+    }
     this.inflight++;
     const epoch = this.epoch;
     const t = performance.now();
@@ -391,7 +408,7 @@ export class ChannelLog {
         sfh.datasync().then(
           () => {
             seg.releaseSyncHandle(sfh);
-            this.opts.onFsync?.(performance.now() - t);
+            this.fsyncTook(performance.now() - t);
             return null;
           },
           (err: unknown) => {
@@ -421,6 +438,37 @@ export class ChannelLog {
       this.commit(seg, pos, firstSeq, chunk, buf);
       this.markDurable(seg.size, this.nextSeq);
     })();
+    return true;
+  }
+
+  /** fdatasyncs take this long here lately (ms, smoothed): whether the next may run inline. */
+  private fsyncMs = 0;
+
+  private fsyncTook(ms: number): void {
+    this.fsyncMs += (ms - this.fsyncMs) / 8;
+    this.opts.onFsync?.(ms);
+  }
+
+  /**
+   * `writeChunk`'s commit when nothing else is in flight: the fdatasync
+   * right here, then the commit, all in this turn. Same outcomes as the
+   * pipelined path: on failure the records wait for the reseal.
+   */
+  private syncInline(seg: Segment, sfh: FileHandle, pos: number, firstSeq: number, chunk: Pending[], buf: Uint8Array): boolean {
+    const t = performance.now();
+    try {
+      fdatasyncSync(sfh.fd);
+    } catch (err) {
+      seg.releaseSyncHandle(sfh);
+      this.syncFailed(err, "fdatasync");
+      for (const p of chunk) this.redo.push(p);
+      return true;
+    }
+    seg.releaseSyncHandle(sfh);
+    this.fsyncTook(performance.now() - t);
+    this.failuresInRow = 0;
+    this.commit(seg, pos, firstSeq, chunk, buf);
+    this.markDurable(seg.size, this.nextSeq);
     return true;
   }
 

@@ -50,16 +50,29 @@ export class CursorStore {
   private failedWrites = 0;
   private lastError: string | null = null;
   private readonly logger: Logger;
-  private timer: ReturnType<typeof setInterval> | null = null;
+  private timer: ReturnType<typeof setTimeout> | null = null;
+  private readonly flushMs: number;
   private flushing: Promise<void> = Promise.resolve();
 
   private constructor(dir: string, logger: Logger, flushMs: number) {
     this.dir = dir;
     this.logger = logger;
-    if (flushMs > 0) {
-      this.timer = setInterval(() => void this.flush(), flushMs);
-      this.timer.unref?.();
-    }
+    this.flushMs = flushMs;
+  }
+
+  /**
+   * Notes that `key` must be written, and arms the one flush that will write
+   * it `flushMs` from now. A store with nothing changed has no timer: an idle
+   * board's agent does not wake to find there is nothing to write.
+   */
+  private markDirty(key: string): void {
+    this.dirty.add(key);
+    if (this.timer !== null || this.flushMs <= 0) return;
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      void this.flush();
+    }, this.flushMs);
+    this.timer.unref?.();
   }
 
   /**
@@ -116,7 +129,7 @@ export class CursorStore {
     const now = Date.now();
     const s: CursorState = { v: 1, pattern, name, created: now, touched: now, from, cursors: {}, skipped: {} };
     this.states.set(cursorKey(pattern, name), s);
-    this.dirty.add(cursorKey(pattern, name));
+    this.markDirty(cursorKey(pattern, name));
     return s;
   }
 
@@ -124,19 +137,19 @@ export class CursorStore {
   set(state: CursorState, channel: string, nextSeq: number): void {
     state.cursors[channel] = nextSeq;
     state.touched = Date.now();
-    this.dirty.add(cursorKey(state.pattern, state.name));
+    this.markDirty(cursorKey(state.pattern, state.name));
   }
 
   /** Marks a subscriber as alive now (a federation peer connected), without moving it. */
   touch(state: CursorState, now = Date.now()): void {
     state.touched = now;
-    this.dirty.add(cursorKey(state.pattern, state.name));
+    this.markDirty(cursorKey(state.pattern, state.name));
   }
 
   /** Counts messages retention removed before the subscriber read them. */
   addSkipped(state: CursorState, channel: string, n: number): void {
     state.skipped[channel] = (state.skipped[channel] ?? 0) + n;
-    this.dirty.add(cursorKey(state.pattern, state.name));
+    this.markDirty(cursorKey(state.pattern, state.name));
   }
 
   /** Removes a subscriber and its file. */
@@ -192,7 +205,7 @@ export class CursorStore {
   /** A cursor that could not be written stays dirty (retried next round), and is counted. */
   private noteFailure(key: string, path: string, err: unknown): void {
     if (!this.states.has(key)) return;
-    this.dirty.add(key);
+    this.markDirty(key);
     this.failedWrites++;
     this.lastError = String(err);
     this.logger.error("cursor flush failed", { file: path, error: String(err), failed_writes: this.failedWrites });
@@ -205,8 +218,11 @@ export class CursorStore {
 
   /** Flushes and stops the timer. */
   async close(): Promise<void> {
-    if (this.timer) clearInterval(this.timer);
+    if (this.timer) clearTimeout(this.timer);
     this.timer = null;
     await this.flush();
+    // (A failure in that last flush armed a retry; nothing is left to run it.)
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
   }
 }

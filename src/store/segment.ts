@@ -278,6 +278,13 @@ export class Segment {
     return fh;
   }
 
+  /** A handle for an fdatasync from the free ones, lent like `syncHandle`'s; null when none is free. */
+  syncHandleNow(): FileHandle | null {
+    const fh = this.freeSync.pop();
+    if (fh) this.lentSync.add(fh);
+    return fh ?? null;
+  }
+
   /** Gives back a handle from `syncHandle` once its fdatasync is done. */
   releaseSyncHandle(fh: FileHandle): void {
     if (this.lentSync.delete(fh)) this.freeSync.push(fh);
