@@ -615,7 +615,12 @@ async function steadyRate(): Promise<void> {
   });
   rows.push(...r.rows);
   for (const c of r.costs)
-    if (c.rate === 1000) charts.steady!.push({ label: `${c.workload}${c.system === "floor" ? "" : `, ${c.system}`}`, value: c.cpuUs, series: c.system === "floor" ? "floor" : c.system.startsWith("keyop") ? "keyop" : c.system });
+    if (c.rate === 1000)
+      charts.steady!.push({
+        label: `${c.workload}${c.system === "floor" ? "" : `, ${c.system}`}`,
+        value: c.cpuUs,
+        series: c.system === "floor" ? "floor" : c.system.startsWith("keyop") ? "keyop" : c.system,
+      });
 }
 
 // ---------- run ----------

@@ -186,7 +186,12 @@ async function natsOneBroker(o: SteadyOptions, rate: number): Promise<SteadyCost
     await (await nc.jetstreamManager()).streams.add({ name: "STEADY", subjects: ["bench.steady"], storage: StorageType.File });
     const js = nc.jetstream();
     const enc = new TextEncoder();
-    const r = await measured(() => [ns.proc.pid], rate, o, () => js.publish("bench.steady", enc.encode(stamp())));
+    const r = await measured(
+      () => [ns.proc.pid],
+      rate,
+      o,
+      () => js.publish("bench.steady", enc.encode(stamp())),
+    );
     return { system: "nats", workload: "one broker", rate, ...r };
   } finally {
     await nc.close();
@@ -405,7 +410,13 @@ export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
   const find = (system: SteadySystem, workload: SteadyCost["workload"], rate: number) => costs.find((c) => c.system === system && c.workload === workload && c.rate === rate);
   for (const c of costs) {
     const where = c.workload.startsWith("floor") ? "bare Bun server" : c.workload === "two hops" ? "all three servers" : "the server";
-    rows.push({ group: G, metric: `${c.workload}, ${c.system === "floor" ? "" : `${c.system}, `}@${c.rate}/s: CPU per message`, value: c.cpuUs, unit: "µs", note: `${where}; ${c.wakeupsPerMsg.toFixed(2)} wake-ups per message` });
+    rows.push({
+      group: G,
+      metric: `${c.workload}, ${c.system === "floor" ? "" : `${c.system}, `}@${c.rate}/s: CPU per message`,
+      value: c.cpuUs,
+      unit: "µs",
+      note: `${where}; ${c.wakeupsPerMsg.toFixed(2)} wake-ups per message`,
+    });
     if (c.latency)
       rows.push({
         group: G,
@@ -435,7 +446,14 @@ export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
     ] as const) {
       const k = find(`keyop sync=${sync}`, "one broker", rate);
       const r = ratio(k, mq1);
-      if (rate === 1000) rows.push({ group: T, metric: `one broker @${rate}/s, keyop sync=${sync} / mosquitto CPU per message`, value: r, unit: "x", note: `<= ${limit}: ${verdict(r <= limit)}; the bare Bun floor is ${ratio(floorAnswer, mq1).toFixed(2)}x` });
+      if (rate === 1000)
+        rows.push({
+          group: T,
+          metric: `one broker @${rate}/s, keyop sync=${sync} / mosquitto CPU per message`,
+          value: r,
+          unit: "x",
+          note: `<= ${limit}: ${verdict(r <= limit)}; the bare Bun floor is ${ratio(floorAnswer, mq1).toFixed(2)}x`,
+        });
     }
     if (rate === 1000) {
       const k = find("keyop sync=none", "two hops", rate);
