@@ -12,6 +12,7 @@ import type { Message } from "../envelope/envelope.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import { Window } from "../messenger/window.ts";
 import { bytesOf, payloadOf, pubackBytes } from "./payload.ts";
+import { decodeFast, encodePublish, type Frame, MqttFramer, MqttFrameError } from "./codec.ts";
 import { MqttSubscription, type SentFrom } from "./subscription.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
@@ -90,6 +91,7 @@ export class MqttSession {
   readonly host: SessionHost;
   private readonly wire: Wire;
   private readonly parser: ReturnType<typeof mqtt.parser>;
+  private readonly framer: MqttFramer;
   private version: 3 | 4 | 5 = 4;
   private clientId = "";
   /**
@@ -125,6 +127,7 @@ export class MqttSession {
     this.wire = wire;
     this.window = new Window(Math.min(host.cfg.maxInflight, this.clientReceiveMax));
     this.parser = mqtt.parser({ protocolVersion: 5 });
+    this.framer = new MqttFramer(host.cfg.maxPacketBytes);
     this.parser.on("packet", (p: Packet) => this.queue(p));
     this.parser.on("error", (err: Error) => this.fail(`malformed packet: ${err.message}`));
   }
@@ -133,10 +136,24 @@ export class MqttSession {
   data(chunk: Uint8Array): void {
     if (this.closed) return;
     this.lastPacket = Date.now();
-    this.parser.parse(Buffer.from(chunk));
-    const cur = (this.parser as unknown as { packet?: { length?: number } }).packet;
-    if (!this.closed && cur?.length !== undefined && cur.length > this.host.cfg.maxPacketBytes) {
-      this.fail(`packet of ${cur.length} bytes exceeds mqtt.max_packet_bytes (${this.host.cfg.maxPacketBytes})`, 0x95);
+    let frames: Frame[];
+    try {
+      // A copy: the socket's buffer is reused after this callback, and packets may wait a turn.
+      frames = this.framer.feed(Buffer.from(chunk));
+    } catch (err) {
+      return this.fail((err as Error).message, err instanceof MqttFrameError ? err.reason : 0x81);
+    }
+    for (const f of frames) {
+      // The message path's packets by hand once connected; the rest (and a CONNECT's version) by mqtt-packet.
+      const p = this.connected ? decodeFast(f, this.version) : null;
+      if (p) this.incoming.push(p);
+      else this.parser.parse(f.bytes);
+      if (this.closed) return;
+    }
+    // The first group is handled in this turn; only what is left waits for the next.
+    if (!this.pumping && this.incoming.length > 0) {
+      this.pumping = true;
+      this.pump();
     }
   }
 
@@ -146,10 +163,6 @@ export class MqttSession {
 
   private queue(p: Packet): void {
     this.incoming.push(p);
-    if (!this.pumping) {
-      this.pumping = true;
-      setImmediate(this.pump);
-    }
   }
 
   private readonly pump = (): void => {
@@ -593,7 +606,7 @@ export class MqttSession {
       return;
     }
     if (qos === 0 || !from) {
-      this.send({ cmd: "publish", topic, payload, qos: 0, retain: false, dup: false } as Packet);
+      if (!this.closed) this.wire.write(encodePublish(topic, payload, 0, undefined, false, this.version));
       return;
     }
     const id = this.takeId({ from, channel: m.channel, seq: m.seq });
@@ -601,7 +614,7 @@ export class MqttSession {
     const durable = from.subscription.durable;
     const dup = durable && this.host.sessions.sentBefore(this.clientId, m.channel, m.seq);
     if (durable) this.host.sessions.sending(this.clientId, m.channel, m.seq);
-    this.send({ cmd: "publish", topic, payload, qos: 1, messageId: id, retain: false, dup } as Packet);
+    if (!this.closed) this.wire.write(encodePublish(topic, payload, 1, id, dup, this.version));
   }
 
   private puback(id: number): void {

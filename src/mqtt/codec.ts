@@ -1,0 +1,174 @@
+/**
+ * The MQTT packets of the message path, read and written by hand: the
+ * stream split into whole packets, PUBLISH, PUBACK and PINGREQ decoded, and
+ * PUBLISH encoded. Everything else (CONNECT, SUBSCRIBE, a PUBLISH carrying
+ * MQTT 5 properties, a malformed packet) is handed whole to mqtt-packet,
+ * which knows every corner of both protocol versions.
+ *
+ * Why: per message, mqtt-packet's parser walks a state machine over a
+ * buffer list, emits an event and builds a packet object through a dozen
+ * calls, and its generator validates and allocates per field. At the rates
+ * boards run that was the largest share of the listener's CPU after the
+ * socket itself (docs/benchmarks.md). Pure functions: no socket here.
+ */
+import type { IPublishPacket, Packet } from "mqtt-packet";
+import { KeyopError } from "../errors.ts";
+
+/** A whole MQTT packet: its first byte and the bytes after the remaining length. */
+export interface Frame {
+  /** Packet type (the first byte's high nibble). */
+  type: number;
+  /** The first byte's low nibble. */
+  flags: number;
+  /** The variable header and payload. */
+  body: Buffer;
+  /** The whole packet, fixed header included. */
+  bytes: Buffer;
+}
+
+/** The stream is not MQTT, or a packet is larger than allowed; the connection cannot go on. */
+export class MqttFrameError extends KeyopError {
+  /** The MQTT 5 DISCONNECT reason: 0x95 packet too large, 0x81 malformed. */
+  readonly reason: number;
+  constructor(message: string, reason: number) {
+    super("malformed_frame", message);
+    this.reason = reason;
+  }
+}
+
+/** Splits a byte stream into whole packets; keeps a partial one until the rest arrives. */
+export class MqttFramer {
+  private rest: Buffer | null = null;
+
+  constructor(private readonly maxPacketBytes: number) {}
+
+  /**
+   * The whole packets in what came so far; throws MqttFrameError when a
+   * remaining length is malformed or above `maxPacketBytes` (checked as soon
+   * as the length is known, before its bytes are kept).
+   */
+  feed(chunk: Buffer): Frame[] {
+    let buf = chunk;
+    if (this.rest !== null) {
+      buf = Buffer.concat([this.rest, chunk]);
+      this.rest = null;
+    }
+    const frames: Frame[] = [];
+    let at = 0;
+    while (at < buf.length) {
+      checkFirstByte(buf[at]!);
+      // Fixed header: one byte, then 1-4 bytes of remaining length, 7 bits each.
+      let len = 0;
+      let mul = 1;
+      let i = at + 1;
+      let complete = false;
+      for (let n = 0; n < 4 && i < buf.length; n++) {
+        const b = buf[i++]!;
+        len += (b & 0x7f) * mul;
+        mul *= 128;
+        if ((b & 0x80) === 0) {
+          complete = true;
+          break;
+        }
+        if (n === 3) throw new MqttFrameError("malformed packet: remaining length longer than 4 bytes", 0x81);
+      }
+      if (!complete) break;
+      if (len > this.maxPacketBytes) throw new MqttFrameError(`packet of ${len} bytes exceeds mqtt.max_packet_bytes (${this.maxPacketBytes})`, 0x95);
+      if (i + len > buf.length) break;
+      const first = buf[at]!;
+      frames.push({ type: first >> 4, flags: first & 0x0f, body: buf.subarray(i, i + len), bytes: buf.subarray(at, i + len) });
+      at = i + len;
+    }
+    if (at < buf.length) this.rest = Buffer.from(buf.subarray(at));
+    return frames;
+  }
+}
+
+/**
+ * The fixed header's first byte as MQTT allows it: type 0 is reserved, and
+ * every type but PUBLISH has fixed flags. Checked before the length, so a
+ * client speaking something else (HTTP, say) is cut off at its first byte
+ * instead of being waited for.
+ */
+function checkFirstByte(first: number): void {
+  const type = first >> 4;
+  const flags = first & 0x0f;
+  if (type === 0) throw new MqttFrameError("malformed packet: reserved packet type 0", 0x81);
+  if (type === PUBLISH) {
+    if ((flags & 6) === 6) throw new MqttFrameError("malformed packet: PUBLISH with QoS 3", 0x81);
+    return;
+  }
+  const required = type === 6 || type === 8 || type === 10 ? 2 : 0;
+  if (flags !== required) throw new MqttFrameError(`malformed packet: flags ${flags} of packet type ${type} (must be ${required})`, 0x81);
+}
+
+const PUBLISH = 3;
+const PUBACK = 4;
+const PINGREQ = 12;
+
+/**
+ * The packet in `f` if it is one of the message path's and plain (a
+ * PUBLISH without MQTT 5 properties, a PUBACK with success, a PINGREQ);
+ * null for everything else, which goes to mqtt-packet.
+ */
+export function decodeFast(f: Frame, version: number): Packet | null {
+  if (f.type === PUBLISH) return decodePublish(f, version);
+  if (f.type === PUBACK && f.body.length === 2 && f.flags === 0) return { cmd: "puback", messageId: (f.body[0]! << 8) | f.body[1]! } as Packet;
+  if (f.type === PINGREQ && f.body.length === 0 && f.flags === 0) return { cmd: "pingreq" };
+  return null;
+}
+
+function decodePublish(f: Frame, version: number): IPublishPacket | null {
+  const qos = (f.flags >> 1) & 3;
+  if (qos === 3) return null;
+  const b = f.body;
+  if (b.length < 2) return null;
+  const topicLen = (b[0]! << 8) | b[1]!;
+  let at = 2 + topicLen;
+  if (at > b.length) return null;
+  const topic = b.toString("utf8", 2, at);
+  let messageId: number | undefined;
+  if (qos > 0) {
+    if (at + 2 > b.length) return null;
+    messageId = (b[at]! << 8) | b[at + 1]!;
+    if (messageId === 0) return null;
+    at += 2;
+  }
+  if (version === 5) {
+    // Properties (topic alias, user properties...): mqtt-packet reads them.
+    if (at >= b.length || b[at] !== 0) return null;
+    at += 1;
+  }
+  return { cmd: "publish", topic, payload: b.subarray(at), qos: qos as 0 | 1 | 2, retain: (f.flags & 1) === 1, dup: (f.flags & 8) === 8, messageId };
+}
+
+/** Bytes of a remaining length. */
+function varintSize(n: number): number {
+  return n < 128 ? 1 : n < 16_384 ? 2 : n < 2_097_152 ? 3 : 4;
+}
+
+/** A PUBLISH without properties, as keyop sends them to subscribers. */
+export function encodePublish(topic: string, payload: Uint8Array, qos: 0 | 1, messageId: number | undefined, dup: boolean, version: number): Buffer {
+  const topicLen = Buffer.byteLength(topic);
+  const rest = 2 + topicLen + (qos > 0 ? 2 : 0) + (version === 5 ? 1 : 0) + payload.length;
+  const out = Buffer.allocUnsafe(1 + varintSize(rest) + rest);
+  out[0] = 0x30 | (dup && qos > 0 ? 8 : 0) | (qos << 1);
+  let at = 1;
+  let n = rest;
+  do {
+    let byte = n % 128;
+    n = Math.floor(n / 128);
+    if (n > 0) byte |= 0x80;
+    out[at++] = byte;
+  } while (n > 0);
+  out[at++] = topicLen >> 8;
+  out[at++] = topicLen & 0xff;
+  at += out.write(topic, at, "utf8");
+  if (qos > 0) {
+    out[at++] = (messageId! >> 8) & 0xff;
+    out[at++] = messageId! & 0xff;
+  }
+  if (version === 5) out[at++] = 0;
+  out.set(payload, at);
+  return out;
+}
