@@ -607,7 +607,8 @@ async function steadyRate(): Promise<void> {
   const r = await steady({
     servers,
     rates: [100, 1000],
-    warmSecs: 2,
+    warmMessages: quick ? 3000 : 10_000,
+    warmSecs: quick ? 1 : 3,
     secs: quick ? 3 : 10,
     idleSecs: quick ? 5 : 20,
     settleSecs: quick ? 10 : 40,

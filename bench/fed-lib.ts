@@ -20,12 +20,21 @@ export interface Proc {
   socket: string;
 }
 
+/**
+ * Extra arguments to Bun for every agent a benchmark starts, from
+ * KEYOP_BENCH_BUN_ARGS: `--cpu-prof --cpu-prof-dir=/tmp/p` profiles each
+ * agent of a workload (docs/benchmarks.md, "Profiling").
+ */
+export function bunArgs(): string[] {
+  return (process.env.KEYOP_BENCH_BUN_ARGS ?? "").split(" ").filter(Boolean);
+}
+
 /** Starts `keyop run` with `yaml` (plus data dir, socket and log level) and waits for its socket. */
 export async function start(dir: string, name: string, yaml: string, sync = "always"): Promise<Proc> {
   const cfg = join(dir, `${name}.yaml`);
   const socket = join(dir, `${name}.sock`);
   writeFileSync(cfg, `storage:\n  data_dir: ${join(dir, name)}\n  sync: ${sync}\napi:\n  socket: ${socket}\nlog:\n  level: warn\n${yaml}`);
-  const proc = await spawnReady([process.execPath, MAIN, "run", "--config", cfg], agentHealthy(socket), `keyop ${name}`, { stderr: "inherit" });
+  const proc = await spawnReady([process.execPath, ...bunArgs(), MAIN, "run", "--config", cfg], agentHealthy(socket), `keyop ${name}`, { stderr: "inherit" });
   return { proc, socket };
 }
 

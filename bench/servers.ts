@@ -123,22 +123,39 @@ export function cpuOf(pid: number): number {
  * What the scheduler counted for every thread of a process so far: CPU
  * seconds (utime + stime, from /proc/PID/stat, which includes threads that
  * have exited) refined to nanoseconds by the threads' schedstat where those
- * agree, and the wake-ups (voluntary context switches: each is a sleep that
- * something later ended).
+ * agree, the wake-ups (voluntary context switches: each is a sleep that
+ * something later ended), and the CPU by kind of thread.
  */
 export interface ProcCounters {
   /** CPU seconds, user + system. */
   cpu: number;
   /** Voluntary context switches of all threads. */
   wakeups: number;
+  /** CPU seconds of the live threads by kind (see `threadKind`). */
+  byKind: Partial<Record<ThreadKind, number>>;
+}
+
+/** What a thread of a Bun process does, from its name; every thread of a C or Go server is "main". */
+export type ThreadKind = "main" | "jit" | "gc" | "allocator" | "pool";
+
+export function threadKind(comm: string): ThreadKind {
+  if (/^(JITWorker|JSCWarmUp|JIT)/.test(comm)) return "jit";
+  if (/^(HeapHelper|.*ollector Thread|Heap)/.test(comm)) return "gc";
+  if (/^mi-/.test(comm)) return "allocator";
+  if (/^Bun Pool/.test(comm)) return "pool";
+  return "main";
 }
 
 export function countersOf(pid: number): ProcCounters {
   let ns = 0;
   let wakeups = 0;
+  const byKind: Partial<Record<ThreadKind, number>> = {};
   for (const t of readdirSync(`/proc/${pid}/task`)) {
     try {
-      ns += Number(readFileSync(`/proc/${pid}/task/${t}/schedstat`, "utf8").split(" ")[0]);
+      const run = Number(readFileSync(`/proc/${pid}/task/${t}/schedstat`, "utf8").split(" ")[0]);
+      const kind = threadKind(readFileSync(`/proc/${pid}/task/${t}/comm`, "utf8").trim());
+      ns += run;
+      byKind[kind] = (byKind[kind] ?? 0) + run / 1e9;
       const m = /voluntary_ctxt_switches:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/task/${t}/status`, "utf8"));
       wakeups += m ? Number(m[1]) : 0;
     } catch {
@@ -148,11 +165,13 @@ export function countersOf(pid: number): ProcCounters {
   // schedstat counts live threads only; stat also counts the ones that ended. Ticks are 10 ms,
   // too coarse for a quiet second, so the nanosecond sum is used unless threads ended with more.
   const ticks = cpuOf(pid);
-  return { cpu: ticks > ns / 1e9 + 0.02 ? ticks : ns / 1e9, wakeups };
+  return { cpu: ticks > ns / 1e9 + 0.02 ? ticks : ns / 1e9, wakeups, byKind };
 }
 
 /** The sum of `countersOf` over `pids`. */
 export function countersOfAll(pids: number[]): ProcCounters {
   const all = pids.map(countersOf);
-  return { cpu: all.reduce((s, c) => s + c.cpu, 0), wakeups: all.reduce((s, c) => s + c.wakeups, 0) };
+  const byKind: Partial<Record<ThreadKind, number>> = {};
+  for (const c of all) for (const [k, v] of Object.entries(c.byKind)) byKind[k as ThreadKind] = (byKind[k as ThreadKind] ?? 0) + v;
+  return { cpu: all.reduce((s, c) => s + c.cpu, 0), wakeups: all.reduce((s, c) => s + c.wakeups, 0), byKind };
 }

@@ -16,7 +16,7 @@ import { start, startTrio, stop, type Proc } from "./fed-lib.ts";
 import { FLOOR_MESSAGE, FLOOR_MODES, type FloorMode } from "./floor-server.ts";
 import { pace, quantile, type Row } from "./lib.ts";
 import { portOpen, spawnReady, stopProc, until } from "./procs.ts";
-import { countersOfAll, freePort, type Servers } from "./servers.ts";
+import { countersOfAll, freePort, type Servers, type ThreadKind } from "./servers.ts";
 
 /** The systems of the steady workload. */
 export type SteadySystem = "floor" | "keyop sync=none" | "keyop sync=always" | "mosquitto" | "nats";
@@ -24,6 +24,9 @@ export type SteadySystem = "floor" | "keyop sync=none" | "keyop sync=always" | "
 export interface SteadyOptions {
   servers: Servers;
   rates: number[];
+  /** Messages of the warm-up's first part, at WARM_RATE. */
+  warmMessages: number;
+  /** Seconds of the warm-up's second part, at the measured rate. */
   warmSecs: number;
   secs: number;
   idleSecs: number;
@@ -40,6 +43,8 @@ export interface SteadyCost {
   rate: number;
   cpuUs: number;
   wakeupsPerMsg: number;
+  /** CPU µs per message by kind of thread (Bun: main, JIT compiler, GC helpers, allocator, thread pool). */
+  byKindUs: Partial<Record<ThreadKind, number>>;
   latency?: { p50: number; p99: number; max: number; lost: number };
 }
 
@@ -64,14 +69,21 @@ export interface SteadyResult {
 const PAD = "x".repeat(200);
 const stamp = () => JSON.stringify({ t: performance.timeOrigin + performance.now(), pad: PAD });
 
-/** Runs `send` at `rate` for the warm-up (unmeasured), then measures `pids` over `secs` at the same rate. */
+/**
+ * Warms up with `o.warmMessages` at `WARM_RATE` (JSC compiles by how often
+ * code ran, not by time: a board agent that has run for an hour is past its
+ * JIT, and an agent measured 2 s after start was still compiling, a third of
+ * its CPU then), then `o.warmSecs` at `rate`, then measures `pids` over
+ * `o.secs` at `rate`.
+ */
 async function measured(
   pids: () => number[],
   rate: number,
   o: SteadyOptions,
   send: (i: number) => unknown,
   hooks: { afterWarm?: () => Promise<void>; afterRun?: () => Promise<void> } = {},
-): Promise<{ cpuUs: number; wakeupsPerMsg: number }> {
+): Promise<{ cpuUs: number; wakeupsPerMsg: number; byKindUs: Partial<Record<ThreadKind, number>> }> {
+  await pace(Math.max(rate, WARM_RATE), o.warmMessages, 64, send);
   await pace(rate, Math.round(rate * o.warmSecs), 64, send);
   await hooks.afterWarm?.();
   const total = Math.round(rate * o.secs);
@@ -80,8 +92,13 @@ async function measured(
   // (Waiting for the last arrivals counts in the window: the work they caused is part of the cost.)
   await hooks.afterRun?.();
   const c1 = countersOfAll(pids());
-  return { cpuUs: ((c1.cpu - c0.cpu) / total) * 1e6, wakeupsPerMsg: (c1.wakeups - c0.wakeups) / total };
+  const byKindUs: Partial<Record<ThreadKind, number>> = {};
+  for (const [k, v] of Object.entries(c1.byKind)) byKindUs[k as ThreadKind] = ((v - (c0.byKind[k as ThreadKind] ?? 0)) / total) * 1e6;
+  return { cpuUs: ((c1.cpu - c0.cpu) / total) * 1e6, wakeupsPerMsg: (c1.wakeups - c0.wakeups) / total, byKindUs };
 }
+
+/** The rate of the first part of every warm-up. */
+const WARM_RATE = 2000;
 
 /** The floor: the bare Bun server in each mode, one 256-byte message in flight, paced. */
 async function floor(o: SteadyOptions, rate: number, mode: FloorMode): Promise<SteadyCost> {
@@ -167,7 +184,7 @@ async function twoHopsMqtt(o: SteadyOptions, system: SteadySystem, rate: number,
       afterRun: () => arrived(() => got, sent),
     });
     const total = Math.round(rate * o.secs);
-    return { system, workload: "two hops", rate, cpuUs: r.cpuUs, wakeupsPerMsg: r.wakeupsPerMsg, latency: latencyOf(lat, total) };
+    return { system, workload: "two hops", rate, ...r, latency: latencyOf(lat, total) };
   } finally {
     await pub.end();
     await sub.endAsync();
@@ -235,7 +252,7 @@ async function natsTwoHops(o: SteadyOptions, rate: number): Promise<SteadyCost> 
       },
       afterRun: () => arrived(() => got, sent),
     });
-    return { system: "nats", workload: "two hops", rate, cpuUs: r.cpuUs, wakeupsPerMsg: r.wakeupsPerMsg, latency: latencyOf(lat, Math.round(rate * o.secs)) };
+    return { system: "nats", workload: "two hops", rate, ...r, latency: latencyOf(lat, Math.round(rate * o.secs)) };
   } finally {
     await pub.close();
     await subConn.close();
@@ -403,6 +420,13 @@ export async function steady(o: SteadyOptions): Promise<SteadyResult> {
   return { rows: steadyRows(costs, idleCosts), costs, idle: idleCosts };
 }
 
+/** A Bun server's CPU per message by kind of thread, for the note ("" for C and Go servers). */
+function kinds(c: SteadyCost): string {
+  if (c.system !== "floor" && !c.system.startsWith("keyop")) return "";
+  const parts = (["main", "jit", "gc", "allocator", "pool"] as const).filter((k) => (c.byKindUs[k] ?? 0) >= 0.05).map((k) => `${k} ${(c.byKindUs[k] ?? 0).toFixed(1)}`);
+  return `; µs by thread: ${parts.join(", ")}`;
+}
+
 /** The table rows, the ratios to Mosquitto and the issue's targets. */
 export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
   const rows: Row[] = [];
@@ -415,7 +439,7 @@ export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
       metric: `${c.workload}, ${c.system === "floor" ? "" : `${c.system}, `}@${c.rate}/s: CPU per message`,
       value: c.cpuUs,
       unit: "µs",
-      note: `${where}; ${c.wakeupsPerMsg.toFixed(2)} wake-ups per message`,
+      note: `${where}; ${c.wakeupsPerMsg.toFixed(2)} wake-ups per message${kinds(c)}`,
     });
     if (c.latency)
       rows.push({

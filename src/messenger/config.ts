@@ -22,7 +22,7 @@ export interface MessengerConfig {
     retention?: { maxAgeMs?: number; maxBytes?: number };
     /** How often retention runs (ms). */
     retentionCheckMs?: number;
-    /** How often acked cursors are written (ms). */
+    /** How often acked cursors are written (ms): after a crash a subscriber gets again what it acked in the last this-long (at-least-once), and a longer interval spares an idle board an fdatasync per subscriber. */
     cursorFlushMs?: number;
     /** Bytes of recent records per channel kept in memory for readers. */
     tailCacheBytes?: number;
@@ -58,7 +58,7 @@ export const DEFAULTS = {
   syncIntervalMs: 200,
   segmentBytes: 64 * 1024 * 1024,
   retentionCheckMs: 60_000,
-  cursorFlushMs: 100,
+  cursorFlushMs: 1000,
   tailCacheBytes: 1024 * 1024,
   maxRetries: 5,
   retryBackoffBaseMs: 100,
