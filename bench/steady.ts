@@ -357,7 +357,19 @@ async function idle(o: SteadyOptions): Promise<IdleCost[]> {
   const mqt = await o.servers.mosquittoTrio("idle-mq-hops");
   const ns = await o.servers.natsJs("idle-nats");
   const nt = await o.servers.natsTrio("idle-nats-hops");
+  // The floor: a bare Bun server with one connected, silent client (the runtime's own wake-ups).
+  const floorPort = freePort();
+  const floorProc = await spawnReady(
+    [process.execPath, join(import.meta.dir, "floor-server.ts"), String(floorPort), "answer", join(o.servers.dir("idle-floor"), "log")],
+    portOpen(floorPort),
+    "floor server",
+    {
+      group: o.servers.started,
+    },
+  );
+  const floorClient = await Bun.connect({ hostname: "127.0.0.1", port: floorPort, socket: { data() {} } });
   const who: [string, number][] = [
+    ["bare Bun server, one idle client connected (floor)", floorProc.pid],
     ["keyop agent (MQTT listener)", alone.proc.pid],
     ["keyop device linked to a hub", trio.devA.proc.pid],
     ["keyop hub with two links", trio.hub.proc.pid],
@@ -387,6 +399,8 @@ async function idle(o: SteadyOptions): Promise<IdleCost[]> {
   } finally {
     for (const p of [alone, trio.devA, trio.devB, trio.hub]) await stop(p as Proc);
     for (const s of [mq, mqt.a, mqt.b, mqt.hub, ns, nt.a, nt.b, nt.hub]) await o.servers.kill(s);
+    floorClient.end();
+    await stopProc(floorProc, "SIGTERM", o.servers.started);
   }
 }
 
@@ -496,6 +510,7 @@ export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
       rows.push({ group: T, metric: `${w}, ${sys}: CPU per message @100/s over @1000/s`, value: r, unit: "x", note: `<= 1.5: ${verdict(r <= 1.5)}` });
     }
   const mqIdle = idleCosts.find((i) => i.who === "mosquitto");
+  const floorIdle = idleCosts.find((i) => i.who.startsWith("bare Bun"));
   for (const i of idleCosts.filter((x) => x.who.startsWith("keyop"))) {
     const ok = i.wakeupsPerSec <= 2 && i.fileCalls === 0 && mqIdle !== undefined && i.cpuPct <= 2 * Math.max(mqIdle.cpuPct, 0.01);
     rows.push({
@@ -503,7 +518,7 @@ export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
       metric: `idle ${i.who}: wake-ups/s, file-system calls, CPU / mosquitto's`,
       value: i.wakeupsPerSec,
       unit: "/s",
-      note: `<= 2/s, 0 calls, <= 2x: ${verdict(ok)}; ${i.fileCalls ?? "?"} calls, ${mqIdle ? (i.cpuPct / Math.max(mqIdle.cpuPct, 0.01)).toFixed(1) : "?"}x mosquitto's CPU`,
+      note: `<= 2/s, 0 calls, <= 2x: ${verdict(ok)}; ${i.fileCalls ?? "?"} calls, ${mqIdle ? (i.cpuPct / Math.max(mqIdle.cpuPct, 0.01)).toFixed(1) : "?"}x mosquitto's CPU; the bare Bun floor: ${floorIdle ? floorIdle.wakeupsPerSec.toFixed(1) : "?"} wake-ups/s`,
     });
   }
   return rows.filter((r) => !(r.group === T && !Number.isFinite(r.value)));

@@ -9,6 +9,7 @@ import type { Logger } from "../observability/logger.ts";
 import type { PeerIdentity } from "../pki/tls.ts";
 import type { MtlsSocket } from "../pki/mtls.ts";
 import type { AuditLog } from "./audit.ts";
+import { heartbeatStep } from "./heartbeat.ts";
 import { FrameDecoder, FrameError, FrameType, frameTypeName, type Frame } from "./frame.ts";
 import { OutQueue } from "../net/out-queue.ts";
 import {
@@ -97,7 +98,7 @@ export class PeerSession {
   private lastRecv = Date.now();
   private lastSent = Date.now();
   private heartbeatMs: number;
-  private timer: ReturnType<typeof setInterval> | null = null;
+  private timer: ReturnType<typeof setTimeout> | null = null;
   private handshakeTimer: ReturnType<typeof setTimeout> | null = null;
 
   /** A session on `transport` with the verified `peer`; the caller feeds it `receive`, `drained` and `transportClosed`. */
@@ -209,22 +210,29 @@ export class PeerSession {
     this.events.onOpen?.(this);
   }
 
-  private startHeartbeat(): void {
-    const every = Math.max(25, Math.floor(this.heartbeatMs / 4));
-    this.timer = setInterval(() => {
-      const now = Date.now();
-      if (now - this.lastRecv > 3 * this.heartbeatMs) {
-        // Nothing for three periods: the peer or the path is gone, FIN or not.
-        this.close("heartbeat", `no frame from ${this.peer.name} for ${now - this.lastRecv} ms (3 heartbeats)`, { hard: true });
-        return;
-      }
-      if (now - this.lastSent >= this.heartbeatMs) this.send(pingFrame({ t: now }));
-    }, every);
+  /** Arms the one heartbeat timer for the next moment something is due (see heartbeat.ts). */
+  private startHeartbeat(delayMs = heartbeatStep(Date.now(), this.lastRecv, this.lastSent, this.heartbeatMs).nextInMs): void {
+    this.timer = setTimeout(this.heartbeatTick, delayMs);
     this.timer.unref?.();
   }
 
+  private readonly heartbeatTick = (): void => {
+    this.timer = null;
+    if (this.state === "closed") return;
+    const now = Date.now();
+    const step = heartbeatStep(now, this.lastRecv, this.lastSent, this.heartbeatMs);
+    if (step.action === "dead") {
+      // Nothing for three periods: the peer or the path is gone, FIN or not.
+      this.close("heartbeat", `no frame from ${this.peer.name} for ${now - this.lastRecv} ms (3 heartbeats)`, { hard: true });
+      return;
+    }
+    if (step.action === "ping") this.send(pingFrame({ t: now }));
+    // (A failed send may have closed the session meanwhile.)
+    if ((this.state as string) !== "closed") this.startHeartbeat(step.nextInMs);
+  };
+
   private restartHeartbeat(): void {
-    if (this.timer) clearInterval(this.timer);
+    if (this.timer) clearTimeout(this.timer);
     this.startHeartbeat();
   }
 
@@ -256,7 +264,7 @@ export class PeerSession {
   private finish(reason: string): void {
     if (this.state === "closed") return;
     this.state = "closed";
-    if (this.timer) clearInterval(this.timer);
+    if (this.timer) clearTimeout(this.timer);
     if (this.handshakeTimer) clearTimeout(this.handshakeTimer);
     this.out.close();
     this.opts.logger.info("federation session closed", { peer: this.peer.name, role: this.role, reason });
