@@ -119,22 +119,6 @@ export function cpuOf(pid: number): number {
   return (Number(f[11]) + Number(f[12])) / 100;
 }
 
-/**
- * What the scheduler counted for every thread of a process so far: CPU
- * seconds (utime + stime, from /proc/PID/stat, which includes threads that
- * have exited) refined to nanoseconds by the threads' schedstat where those
- * agree, the wake-ups (voluntary context switches: each is a sleep that
- * something later ended), and the CPU by kind of thread.
- */
-export interface ProcCounters {
-  /** CPU seconds, user + system. */
-  cpu: number;
-  /** Voluntary context switches of all threads. */
-  wakeups: number;
-  /** CPU seconds of the live threads by kind (see `threadKind`). */
-  byKind: Partial<Record<ThreadKind, number>>;
-}
-
 /** What a thread of a Bun process does, from its name; every thread of a C or Go server is "main". */
 export type ThreadKind = "main" | "jit" | "gc" | "allocator" | "pool";
 
@@ -146,32 +130,61 @@ export function threadKind(comm: string): ThreadKind {
   return "main";
 }
 
-export function countersOf(pid: number): ProcCounters {
+/** What the scheduler has counted so far for each thread of some processes, and their CPU ticks. */
+export interface ProcSnapshot {
+  /** By "pid/tid": nanoseconds on CPU (schedstat), voluntary context switches, kind. */
+  threads: Map<string, { ns: number; wakeups: number; kind: ThreadKind }>;
+  /** utime + stime of the processes in seconds (/proc/PID/stat: 10 ms ticks, threads that ended included). */
+  ticks: number;
+}
+
+/** What happened between two snapshots. */
+export interface ProcCost {
+  /** CPU seconds, user + system. */
+  cpu: number;
+  /** Voluntary context switches: each is a sleep that something later ended. */
+  wakeups: number;
+  /** CPU seconds by kind of thread. */
+  byKind: Partial<Record<ThreadKind, number>>;
+}
+
+export function snapshotOf(pids: number[]): ProcSnapshot {
+  const threads: ProcSnapshot["threads"] = new Map();
+  let ticks = 0;
+  for (const pid of pids) {
+    ticks += cpuOf(pid);
+    for (const t of readdirSync(`/proc/${pid}/task`)) {
+      try {
+        const ns = Number(readFileSync(`/proc/${pid}/task/${t}/schedstat`, "utf8").split(" ")[0]);
+        const kind = threadKind(readFileSync(`/proc/${pid}/task/${t}/comm`, "utf8").trim());
+        const m = /\nvoluntary_ctxt_switches:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/task/${t}/status`, "utf8"));
+        threads.set(`${pid}/${t}`, { ns, wakeups: m ? Number(m[1]) : 0, kind });
+      } catch {
+        // the thread ended between the listing and the read
+      }
+    }
+  }
+  return { threads, ticks };
+}
+
+/**
+ * The cost between `a` and `b`, thread by thread: a thread that started
+ * counts from zero, one that ended is missing from `b`. Its nanoseconds are
+ * lost with it (a JIT worker exits when it has nothing to compile), so the
+ * CPU is the larger of the threads' sum and the ticks, which keep what
+ * ended threads used at 10 ms resolution; its wake-ups are lost.
+ */
+export function costBetween(a: ProcSnapshot, b: ProcSnapshot): ProcCost {
   let ns = 0;
   let wakeups = 0;
   const byKind: Partial<Record<ThreadKind, number>> = {};
-  for (const t of readdirSync(`/proc/${pid}/task`)) {
-    try {
-      const run = Number(readFileSync(`/proc/${pid}/task/${t}/schedstat`, "utf8").split(" ")[0]);
-      const kind = threadKind(readFileSync(`/proc/${pid}/task/${t}/comm`, "utf8").trim());
-      ns += run;
-      byKind[kind] = (byKind[kind] ?? 0) + run / 1e9;
-      const m = /voluntary_ctxt_switches:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/task/${t}/status`, "utf8"));
-      wakeups += m ? Number(m[1]) : 0;
-    } catch {
-      // the thread ended between the listing and the read
-    }
+  for (const [id, t] of b.threads) {
+    const before = a.threads.get(id);
+    const dns = t.ns - (before?.ns ?? 0);
+    ns += dns;
+    wakeups += t.wakeups - (before?.wakeups ?? 0);
+    byKind[t.kind] = (byKind[t.kind] ?? 0) + dns / 1e9;
   }
-  // schedstat counts live threads only; stat also counts the ones that ended. Ticks are 10 ms,
-  // too coarse for a quiet second, so the nanosecond sum is used unless threads ended with more.
-  const ticks = cpuOf(pid);
+  const ticks = b.ticks - a.ticks;
   return { cpu: ticks > ns / 1e9 + 0.02 ? ticks : ns / 1e9, wakeups, byKind };
-}
-
-/** The sum of `countersOf` over `pids`. */
-export function countersOfAll(pids: number[]): ProcCounters {
-  const all = pids.map(countersOf);
-  const byKind: Partial<Record<ThreadKind, number>> = {};
-  for (const c of all) for (const [k, v] of Object.entries(c.byKind)) byKind[k as ThreadKind] = (byKind[k as ThreadKind] ?? 0) + v;
-  return { cpu: all.reduce((s, c) => s + c.cpu, 0), wakeups: all.reduce((s, c) => s + c.wakeups, 0), byKind };
 }

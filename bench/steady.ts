@@ -16,7 +16,7 @@ import { start, startTrio, stop, type Proc } from "./fed-lib.ts";
 import { FLOOR_MESSAGE, FLOOR_MODES, type FloorMode } from "./floor-server.ts";
 import { pace, quantile, type Row } from "./lib.ts";
 import { portOpen, spawnReady, stopProc, until } from "./procs.ts";
-import { countersOfAll, freePort, type Servers, type ThreadKind } from "./servers.ts";
+import { costBetween, freePort, type Servers, snapshotOf, type ThreadKind } from "./servers.ts";
 
 /** The systems of the steady workload. */
 export type SteadySystem = "floor" | "keyop sync=none" | "keyop sync=always" | "mosquitto" | "nats";
@@ -87,14 +87,14 @@ async function measured(
   await pace(rate, Math.round(rate * o.warmSecs), 64, send);
   await hooks.afterWarm?.();
   const total = Math.round(rate * o.secs);
-  const c0 = countersOfAll(pids());
+  const s0 = snapshotOf(pids());
   await pace(rate, total, 64, send);
   // (Waiting for the last arrivals counts in the window: the work they caused is part of the cost.)
   await hooks.afterRun?.();
-  const c1 = countersOfAll(pids());
+  const c = costBetween(s0, snapshotOf(pids()));
   const byKindUs: Partial<Record<ThreadKind, number>> = {};
-  for (const [k, v] of Object.entries(c1.byKind)) byKindUs[k as ThreadKind] = ((v - (c0.byKind[k as ThreadKind] ?? 0)) / total) * 1e6;
-  return { cpuUs: ((c1.cpu - c0.cpu) / total) * 1e6, wakeupsPerMsg: (c1.wakeups - c0.wakeups) / total, byKindUs };
+  for (const [k, v] of Object.entries(c.byKind)) byKindUs[k as ThreadKind] = (v / total) * 1e6;
+  return { cpuUs: (c.cpu / total) * 1e6, wakeupsPerMsg: c.wakeups / total, byKindUs };
 }
 
 /** The rate of the first part of every warm-up. */
@@ -382,16 +382,16 @@ async function idle(o: SteadyOptions): Promise<IdleCost[]> {
     // Past start-up: first heartbeats and cursor writes, and Bun's GC timer, which looks at the heap
     // every second while it changes and every 30 s once it has settled.
     await Bun.sleep(o.settleSecs * 1000);
-    const c0 = who.map(([, pid]) => countersOfAll([pid]));
+    const s0 = who.map(([, pid]) => snapshotOf([pid]));
     const t0 = performance.now();
     await Bun.sleep(o.idleSecs * 1000);
     const secs = (performance.now() - t0) / 1000;
-    const c1 = who.map(([, pid]) => countersOfAll([pid]));
+    const c = who.map(([, pid], i) => costBetween(s0[i]!, snapshotOf([pid])));
     const files = await Promise.all(who.map(([, pid]) => fileCallsOf(pid, o.idleSecs)));
     return who.map(([name], i) => ({
       who: name,
-      cpuPct: ((c1[i]!.cpu - c0[i]!.cpu) / secs) * 100,
-      wakeupsPerSec: (c1[i]!.wakeups - c0[i]!.wakeups) / secs,
+      cpuPct: (c[i]!.cpu / secs) * 100,
+      wakeupsPerSec: c[i]!.wakeups / secs,
       fileCalls: files[i]?.count,
       procReads: files[i]?.proc,
       fileCallNames: files[i]?.names ?? "strace not installed",

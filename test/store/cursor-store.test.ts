@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { CursorStore, cursorFileName } from "../../src/store/cursor-store.ts";
 import { createLogger, silentLogger } from "../../src/observability/logger.ts";
@@ -45,6 +45,29 @@ describe("CursorStore", () => {
     const deadline = Date.now() + 5000;
     while (!(existsSync(path) && JSON.parse(readFileSync(path, "utf8")).cursors.c === 7) && Date.now() < deadline) await Bun.sleep(5);
     expect(JSON.parse(readFileSync(path, "utf8")).cursors.c).toBe(7);
+    await store.close();
+  });
+
+  test("each change arms one write: a change after a written one is written too, and nothing is rewritten without one", async () => {
+    const dir = tmpDir();
+    const store = await CursorStore.open(dir, silentLogger, 10);
+    const s = store.create("c", "n", "earliest");
+    const path = join(dir, "c~n.json");
+    const written = async (seq: number) => {
+      const deadline = Date.now() + 5000;
+      while (!(existsSync(path) && JSON.parse(readFileSync(path, "utf8")).cursors.c === seq) && Date.now() < deadline) await Bun.sleep(5);
+      expect(JSON.parse(readFileSync(path, "utf8")).cursors.c).toBe(seq);
+    };
+    store.set(s, "c", 1);
+    await written(1);
+    // Each write is a new file renamed into place: the same inode means nothing was written.
+    const ino = statSync(path).ino;
+    await Bun.sleep(100);
+    expect(statSync(path).ino).toBe(ino);
+    expect(store.health().pending).toBe(0);
+    store.set(s, "c", 2);
+    await written(2);
+    expect(statSync(path).ino).not.toBe(ino);
     await store.close();
   });
 
