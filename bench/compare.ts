@@ -607,7 +607,7 @@ async function steadyRate(): Promise<void> {
   const r = await steady({
     servers,
     rates: [100, 1000],
-    warmMessages: quick ? 3000 : 10_000,
+    warmMessages: quick ? 3000 : 60_000,
     warmSecs: quick ? 1 : 3,
     secs: quick ? 3 : 10,
     idleSecs: quick ? 5 : 20,

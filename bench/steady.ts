@@ -73,7 +73,8 @@ const stamp = () => JSON.stringify({ t: performance.timeOrigin + performance.now
  * Warms up with `o.warmMessages` at `WARM_RATE` (JSC compiles by how often
  * code ran, not by time: a board agent that has run for an hour is past its
  * JIT, and an agent measured 2 s after start was still compiling, a third of
- * its CPU then), then `o.warmSecs` at `rate`, then measures `pids` over
+ * its CPU then, and 10,000 messages were not enough for its JIT threads to
+ * settle: docs/benchmarks.md), then `o.warmSecs` at `rate`, then measures `pids` over
  * `o.secs` at `rate`.
  */
 async function measured(
@@ -98,7 +99,7 @@ async function measured(
 }
 
 /** The rate of the first part of every warm-up. */
-const WARM_RATE = 2000;
+const WARM_RATE = 4000;
 
 /** The floor: the bare Bun server in each mode, one 256-byte message in flight, paced. */
 async function floor(o: SteadyOptions, rate: number, mode: FloorMode): Promise<SteadyCost> {
