@@ -34,7 +34,8 @@ export type ErrorCode =
   | "conn_lost"
   | "not_connected"
   | "forbidden"
-  | "aborted";
+  | "aborted"
+  | "unavailable";
 
 /** Base class so callers can catch every keyop error with one `instanceof`. */
 export class KeyopError extends Error {
@@ -212,5 +213,16 @@ export class ForbiddenError extends KeyopError {
 export class AbortedError extends KeyopError {
   constructor(message: string) {
     super("aborted", message);
+  }
+}
+
+/**
+ * The storage engine a hub tier stores in (JetStream) cannot take writes now:
+ * the cluster is unreachable or has no quorum. Nothing was acknowledged;
+ * the sender keeps its data and tries again.
+ */
+export class EngineUnavailableError extends KeyopError {
+  constructor(message: string, cause?: unknown) {
+    super("unavailable", message, { cause });
   }
 }

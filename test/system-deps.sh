@@ -22,6 +22,8 @@ need python3 python3
 need openssl openssl
 # The MQTT listener is tested with the real mosquitto_pub and mosquitto_sub.
 need mosquitto_pub mosquitto-clients
+# A hub tier is tested on a real 3-node JetStream cluster.
+need nats-server nats-server
 # The fsync fault test builds a FUSE file system (test/faults/faultfs.c) with libfuse3.
 need pkg-config pkg-config
 need fusermount3 fuse3

@@ -12,6 +12,8 @@ import type { Logger } from "../observability/logger.ts";
 import { COMMIT, VERSION } from "../version.ts";
 import { expiryWarnings, loadTlsMaterial, type TlsMaterial } from "../pki/tls.ts";
 import { Federation } from "../federation/federation.ts";
+import { JetStreamEngine } from "../jetstream/engine.ts";
+import { jetstreamTier } from "../jetstream/tier.ts";
 import { MqttServer } from "../mqtt/server.ts";
 
 /** Largest NDJSON or msgpack batch body: 16 MiB, or one message if larger. */
@@ -31,6 +33,8 @@ export class Agent {
   private tls: TlsMaterial | undefined;
   /** Hub listener and links, when configured. */
   federation: Federation | undefined;
+  /** A hub tier's JetStream cluster, when `hub.jetstream` is set. */
+  jetstream: JetStreamEngine | undefined;
   /** The MQTT listener, when configured. */
   mqtt: MqttServer | undefined;
 
@@ -67,11 +71,20 @@ export class Agent {
     let agent: Agent | undefined;
     let mqttServer: MqttServer | undefined;
     let federation: Federation | undefined;
+    let jetstream: JetStreamEngine | undefined;
     try {
       // The slow parts first: once the API socket answers, everything the agent offers does.
       if (federated) {
         // The config validation guarantees tls is set whenever hub or links are.
-        federation = new Federation(messenger, { hub: config.hub, links: config.links, federation: config.federation, dedup: config.dedup, audit: config.audit }, tls!, logger);
+        if (config.hub?.jetstream) {
+          // Connects and provisions in the background: until the cluster answers, peers are refused.
+          jetstream = new JetStreamEngine(config.hub.jetstream, logger);
+          jetstream.start();
+        }
+        const tier = jetstream
+          ? jetstreamTier(jetstream, { name: messenger.name, window: config.federation.window, maxBatchBytes: config.federation.maxBatchBytes, maxMessageBytes: config.api.maxMessageBytes, logger })
+          : undefined;
+        federation = new Federation(messenger, { hub: config.hub, links: config.links, federation: config.federation, dedup: config.dedup, audit: config.audit }, tls!, logger, tier);
         const t0 = performance.now();
         const seeded = await federation.seedDedup();
         if (seeded > 0) logger.info("duplicate filter loaded from the log", { ids: seeded, ms: Math.round(performance.now() - t0) });
@@ -94,6 +107,7 @@ export class Agent {
       });
       agent = new Agent(config, messenger, api, logger, tls);
       agent.mqtt = mqttServer;
+      agent.jetstream = jetstream;
       if (federation) {
         agent.federation = federation;
         federation.start();
@@ -103,6 +117,7 @@ export class Agent {
       const stopFailed = (part: string) => (e: unknown) => logger.warn("stop after a failed start failed", { part, error: String(e) });
       await mqttServer?.stop().catch(stopFailed("mqtt"));
       await federation?.stop().catch(stopFailed("federation"));
+      await jetstream?.close().catch(stopFailed("jetstream"));
       await agent?.api.stop().catch(stopFailed("api"));
       await messenger.close();
       throw err;
@@ -123,6 +138,7 @@ export class Agent {
       sync: this.config.storage.sync,
       tls: this.tls ? tlsStatus(this.tls) : null,
       links: this.federation?.links().map(linkJson) ?? [],
+      ...(this.jetstream ? { jetstream: { state: this.jetstream.state, reason: this.jetstream.why || null, ...this.jetstream.stats } } : {}),
     };
   }
 
@@ -161,6 +177,7 @@ export class Agent {
       this.logger.info("agent stopping");
       await this.mqtt?.stop();
       await this.federation?.stop();
+      await this.jetstream?.close();
       await this.api.stop();
       await this.messenger.close();
       this.logger.info("agent stopped");

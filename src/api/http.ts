@@ -22,6 +22,7 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   method_not_allowed: 405,
   disk_full: 507,
   log_unavailable: 503,
+  unavailable: 503,
   closed: 503,
   shutting_down: 503,
   forbidden: 403,

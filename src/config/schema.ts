@@ -9,6 +9,7 @@ import { ConfigError, KeyopError } from "../errors.ts";
 import { isLogLevel, type LogFormat, type LogLevel } from "../observability/logger.ts";
 import type { SyncMode } from "../store/channel-log.ts";
 import { parseDuration, parseMode, parseSize } from "./units.ts";
+import { type JetStreamConfig, readJetStream } from "./jetstream.ts";
 
 /** A peer a hub accepts, with what it may publish into and receive from the hub. */
 export interface PeerConfig {
@@ -19,7 +20,8 @@ export interface PeerConfig {
 
 /** A link from this instance to a hub. */
 export interface LinkConfig {
-  hub: string;
+  /** host:port of the hub, or of each hub of a tier that shares one identity: tried in turn. */
+  hubs: string[];
   publish: string[];
   subscribe: string[];
   start: "latest" | "earliest";
@@ -39,7 +41,7 @@ export interface AgentConfig {
   subscribers: { maxRetries: number; retryBackoffBaseMs: number; retryBackoffMaxMs: number };
   api: { socket: string; socketMode: number; maxMessageBytes: number };
   tls: { cert: string; key: string; ca: string } | undefined;
-  hub: { listen: string; peers: PeerConfig[] } | undefined;
+  hub: { listen: string; peers: PeerConfig[]; jetstream: JetStreamConfig | undefined } | undefined;
   links: LinkConfig[];
   federation: {
     reconnectBaseMs: number;
@@ -98,7 +100,7 @@ export interface ConfigOverrides {
 type Obj = Record<string, unknown>;
 
 /** Collects problems while reading a raw YAML value tree. */
-class Reader {
+export class Reader {
   readonly problems: string[] = [];
 
   fail(path: string, msg: string): undefined {
@@ -175,6 +177,17 @@ class Reader {
     return s;
   }
 
+  /** One host:port, or a non-empty list of them. */
+  hostPorts(v: unknown, path: string): string[] | undefined {
+    if (!Array.isArray(v)) {
+      const one = this.hostPort(v, path);
+      return one === undefined ? undefined : [one];
+    }
+    if (v.length === 0) return this.fail(path, "must be host:port or a non-empty list of them");
+    const out = v.map((x, i) => this.hostPort(x, `${path}[${i}]`));
+    return out.every((x) => x !== undefined) ? (out as string[]) : undefined;
+  }
+
   patterns(v: unknown, path: string): string[] {
     if (v === undefined || v === null) return [];
     if (!Array.isArray(v)) return this.fail(path, "must be a list of patterns") ?? [];
@@ -235,7 +248,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     if (cert && key && ca) tls = { cert, key, ca };
   }
 
-  const hubRaw = r.obj(top.hub, "hub", ["listen", "peers"]);
+  const hubRaw = r.obj(top.hub, "hub", ["listen", "peers", "jetstream"]);
   let hub: AgentConfig["hub"];
   if (hubRaw) {
     const listen = r.required(hubRaw.listen, "hub.listen", r.hostPort, " when hub is set");
@@ -254,7 +267,8 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       const peer = { name: pname ?? "", publish: r.patterns(o.publish, `${path}.publish`), subscribe: r.patterns(o.subscribe, `${path}.subscribe`) };
       if (pname) peers.push(peer);
     });
-    if (listen) hub = { listen, peers };
+    const jetstream = hubRaw.jetstream === undefined || hubRaw.jetstream === null ? undefined : readJetStream(r, hubRaw.jetstream, peers);
+    if (listen) hub = { listen, peers, jetstream };
   }
 
   const links: LinkConfig[] = [];
@@ -265,14 +279,14 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       r.fail(path, "must be a mapping");
       return;
     }
-    const hubAddr = r.required(o.hub, `${path}.hub`, r.hostPort);
+    const hubs = r.required(o.hub, `${path}.hub`, r.hostPorts);
     const link: LinkConfig = {
-      hub: hubAddr ?? "",
+      hubs: hubs ?? [],
       publish: r.patterns(o.publish, `${path}.publish`),
       subscribe: r.patterns(o.subscribe, `${path}.subscribe`),
       start: r.oneOf(o.start, `${path}.start`, ["latest", "earliest"] as const) ?? "latest",
     };
-    if (hubAddr) links.push(link);
+    if (hubs) links.push(link);
   });
   if ((hubRaw || links.length > 0) && !tlsRaw) r.fail("tls", "is required for federation (hub or links)");
 

@@ -13,13 +13,14 @@ import { connectMtls, MtlsServer } from "../pki/mtls.ts";
 import type { TlsMaterial } from "../pki/tls.ts";
 import { AuditLog } from "./audit.ts";
 import { RecentIds } from "./dedup.ts";
-import { backlogOf, cursorName, Forwarder } from "./forwarder.ts";
-import type { ChannelBacklog, LinkInfo } from "./link.ts";
+import { backlogOf, cursorName, Forwarder, type Sender } from "./forwarder.ts";
+import type { ChannelBacklog, Link, LinkInfo } from "./link.ts";
 import { type LinkDialer, LinkRunner } from "./link-runner.ts";
 import { removeExpiredPeerCursors, seedDuplicateFilter } from "./peer-cursors.ts";
 import { PROTOCOL_VERSION } from "./frame.ts";
 import { clientHello, closeFrame } from "./messages.ts";
 import { Receiver } from "./receiver.ts";
+import { type HubStore, messengerSink, type RecordSink } from "./sink.ts";
 import { type PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
 import { splitHostPort } from "./redial.ts";
 
@@ -27,8 +28,17 @@ import { splitHostPort } from "./redial.ts";
 export type FederationConfig = Pick<AgentConfig, "hub" | "links" | "federation" | "dedup" | "audit">;
 
 interface SessionParts {
-  forwarder?: Forwarder;
+  forwarder?: Sender | undefined;
   receiver: Receiver;
+}
+
+/**
+ * A hub tier (docs/scale-out.md): where the records peers send are stored,
+ * and what sends peers their channels, instead of this instance's log.
+ */
+export interface HubTier {
+  store: HubStore;
+  sender(session: Link, o: { patterns: string[]; allow: Matcher; start: "latest" | "earliest"; volatile: boolean; audit: AuditLog | undefined }): Sender;
 }
 
 /** The federation side of an agent. */
@@ -44,9 +54,20 @@ export class Federation implements LinkDialer {
   private readonly peers = new Map<string, { cfg: PeerConfig; publish: Matcher; subscribe: Matcher }>();
   private readonly runners: LinkRunner[] = [];
   private stopped = false;
+  /** Where records from links are stored: the log. */
+  private readonly localSink: RecordSink;
+  /** Where records from hub peers are stored: the log, or a hub tier's engine. */
+  private readonly hubSink: RecordSink;
+  private readonly hubStore: HubStore | undefined;
+  private readonly tier: HubTier | undefined;
 
-  constructor(messenger: Messenger, cfg: FederationConfig, material: TlsMaterial, logger: Logger) {
+  /** `tier`: a hub tier's engine (JetStream) instead of the log, for what peers send and receive. */
+  constructor(messenger: Messenger, cfg: FederationConfig, material: TlsMaterial, logger: Logger, tier?: HubTier) {
     this.messenger = messenger;
+    this.localSink = messengerSink(messenger);
+    this.tier = tier;
+    this.hubStore = tier?.store;
+    this.hubSink = this.hubStore ?? this.localSink;
     this.cfg = cfg;
     this.material = material;
     this.logger = logger;
@@ -107,21 +128,37 @@ export class Federation implements LinkDialer {
     return { role, maxBody: this.cfg.federation.maxBatchBytes + 64 * 1024, heartbeatMs: this.cfg.federation.heartbeatMs, logger: this.logger, audit: this.audit };
   }
 
-  private forwarder(s: PeerSession, patterns: string[], start: "latest" | "earliest", allow?: (c: string) => boolean, cursors: "durable" | "volatile" = "durable"): Forwarder | undefined {
+  private forwarder(s: PeerSession, patterns: string[], start: "latest" | "earliest", allow?: Matcher, cursors: "durable" | "volatile" = "durable"): Sender | undefined {
     const volatile = cursors === "volatile";
     if (patterns.length === 0) return undefined;
-    const f = new Forwarder({
-      messenger: this.messenger,
-      session: s,
-      patterns,
-      start,
-      allow,
-      volatile,
-      window: this.cfg.federation.window,
-      maxBatchBytes: this.cfg.federation.maxBatchBytes,
-      logger: this.logger,
+    // A hub tier's peers read the tier's streams; links and a hub on its own log read the log.
+    let tierSender: Sender | undefined;
+    if (this.tier && s.role === "hub") {
+      try {
+        tierSender = this.tier.sender(s, { patterns, allow: allow ?? (() => true), start, volatile, audit: this.audit });
+      } catch (err) {
+        s.close("unavailable", `cannot read the streams: ${err instanceof Error ? err.message : String(err)}`);
+        return undefined;
+      }
+    }
+    const f: Sender =
+      tierSender ??
+      new Forwarder({
+        messenger: this.messenger,
+        session: s,
+        patterns,
+        start,
+        allow,
+        volatile,
+        window: this.cfg.federation.window,
+        maxBatchBytes: this.cfg.federation.maxBatchBytes,
+        logger: this.logger,
+      });
+    void f.run().catch((err) => {
+      this.logger.error("forwarder stopped with an error", { peer: s.peer.name, error: String(err) });
+      // A tier that cannot read its streams: the peer comes back later, to this hub or another.
+      if (this.tier && s.role === "hub") s.close("unavailable", `cannot read the streams: ${String(err)}`);
     });
-    void f.run().catch((err) => this.logger.error("forwarder stopped with an error", { peer: s.peer.name, error: String(err) }));
     return f;
   }
 
@@ -142,7 +179,10 @@ export class Federation implements LinkDialer {
       ...this.common(),
       onHello: (s, hello) => {
         const peer = this.peers.get(s.peer.name)!;
-        this.parts.set(s, { receiver: new Receiver({ messenger: this.messenger, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit, allow: peer.publish }) });
+        // Nothing could be acknowledged: the peer keeps its backlog and comes back (not fatal).
+        const down = this.hubStore?.unavailable();
+        if (down) return { refuse: `the hub's store is unavailable: ${down}`, code: "unavailable" };
+        this.parts.set(s, { receiver: new Receiver({ sink: this.hubSink, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit, allow: peer.publish }) });
         return {
           version: PROTOCOL_VERSION,
           name: this.messenger.name,
@@ -173,11 +213,11 @@ export class Federation implements LinkDialer {
       ...this.common(),
       onOpen: (s) => {
         this.parts.set(s, {
-          receiver: new Receiver({ messenger: this.messenger, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit }),
+          receiver: new Receiver({ sink: this.localSink, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit }),
           forwarder: this.forwarder(s, link.publish, link.start),
         });
         runner.opened(s);
-        this.audit?.record("peer_connected", { peer: s.peer.name, hub: link.hub });
+        this.audit?.record("peer_connected", { peer: s.peer.name, hub: runner.address });
       },
       onClose: (s, reason) => {
         this.common().onClose!(s, reason);
@@ -188,7 +228,7 @@ export class Federation implements LinkDialer {
 
   /** @internal Connects one link session. */
   async connect(link: LinkConfig, runner: LinkRunner): Promise<void> {
-    const { hostname, port } = splitHostPort(link.hub);
+    const { hostname, port } = splitHostPort(runner.address);
     await connectMtls<PeerSession>(
       {
         hostname,

@@ -57,6 +57,22 @@ export function cursorName(peer: string): string {
   return `_fed.${peer}`;
 }
 
+/**
+ * The sending half of a session, as the federation runs it: a Forwarder
+ * over this instance's log, or a hub tier's reader of JetStream streams.
+ */
+export interface Sender {
+  /** Runs until `stop()` or the session closes. */
+  run(): Promise<void>;
+  /** An ACK from the peer. */
+  onAck(ack: Ack): void;
+  /** Batches sent and not yet acknowledged. */
+  readonly unacked: number;
+  /** What the peer has not acknowledged, per channel (or pattern). */
+  backlog(): ChannelBacklog[];
+  stop(): void;
+}
+
 interface InFlight {
   reader: CursorReader<StoredEnvelope>;
   delivery: Delivery<StoredEnvelope>;
@@ -67,7 +83,7 @@ interface InFlight {
  * reader per pattern, all drawing on one window of BATCH frames; one
  * delivery (the records of one channel fetched together) is one BATCH.
  */
-export class Forwarder {
+export class Forwarder implements Sender {
   private readonly opts: ForwarderOptions;
   private readonly subs: DurableSubscriber[];
   private readonly readers: CursorReader<StoredEnvelope>[];

@@ -1,6 +1,7 @@
 /**
  * One configured link of a device: dials its hub, runs the session, and
- * dials again with backoff when it ends (the pacing is the Redialer's).
+ * dials again with backoff when it ends (the pacing is the Redialer's),
+ * taking the hubs of its list in turn.
  */
 import type { LinkConfig } from "../config/schema.ts";
 import type { LinkInfo } from "./link.ts";
@@ -26,12 +27,17 @@ export class LinkRunner {
   private lastError: string | null = null;
   private readonly redialer: Redialer;
   private readonly stopping = new AbortController();
+  /** Attempts made so far: the next one dials `hubs[attempts % hubs.length]`. */
+  private attempts = 0;
+  /** The hub address of the attempt running now (or of the last one). */
+  address: string;
   /** The attempt running now: how it learns its session opened, and how it is ended. */
   private attempt: { ctl: AttemptControl; end: (reason: string) => void } | null = null;
 
   constructor(fed: LinkDialer, link: LinkConfig) {
     this.fed = fed;
     this.link = link;
+    this.address = link.hubs[0]!;
     const b = fed.backoff;
     this.redialer = new Redialer({
       baseMs: b.reconnectBaseMs,
@@ -49,6 +55,9 @@ export class LinkRunner {
       (ctl) =>
         new Promise<AttemptEnd>((resolve) => {
           this.state = "connecting";
+          // Each attempt takes the next hub of the list: after a hub of a tier fails (or its session
+          // ends), the link fails over to the next one instead of waiting for that one to come back.
+          this.address = this.link.hubs[this.attempts++ % this.link.hubs.length]!;
           const end = (reason: string) => {
             if (this.attempt?.ctl !== ctl) return; // this attempt already ended (a refusal is followed by the socket's close)
             this.attempt = null;
@@ -85,7 +94,7 @@ export class LinkRunner {
     const s = this.session;
     return {
       kind: "link",
-      target: this.link.hub,
+      target: this.address,
       state: this.state,
       peer: s?.peer.name ?? null,
       connectedSince: s && this.state === "open" ? s.connectedAt : null,

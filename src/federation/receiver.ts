@@ -7,16 +7,18 @@
  * so a bad sender cannot stall a link.
  */
 import { channelIs, envelopeChannel, envelopeId, routeEntry, routeIncludes, routeNames, scanEnvelope, utf8Bytes, withRoute, type EnvelopeView } from "../envelope/scan.ts";
-import type { Messenger } from "../messenger/messenger.ts";
+import { KeyopError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { AuditLog } from "./audit.ts";
 import type { RecentIds } from "./dedup.ts";
 import { ackFrame, type Batch } from "./messages.ts";
 import type { Link } from "./link.ts";
+import type { RecordSink } from "./sink.ts";
 
 /** What a receiver needs. */
 export interface ReceiverOptions {
-  messenger: Messenger;
+  /** Where kept records go: the agent's log, or a hub tier's JetStream streams. */
+  sink: RecordSink;
   /** This instance's name, appended to every stored record's route. */
   self: string;
   dedup: RecentIds;
@@ -138,17 +140,19 @@ export class Receiver {
     }
     if (keep.length === 0) return true;
     const entry = routeEntry(self);
-    const bodies = keep.map((k) => withRoute(k.body, k.view, entry));
+    const records = keep.map((k) => ({ id: k.id, body: withRoute(k.body, k.view, entry) }));
     for (const k of keep) this.pending.add(k.id);
     try {
-      await this.opts.messenger.ingest(batch.channel, bodies);
+      await this.opts.sink.store(batch.channel, records);
       for (const k of keep) dedup.seen(k.id);
       this.stats.stored += keep.length;
       return true;
     } catch (err) {
-      // Not stored, so not acknowledged: the sender sends it again on the next session.
+      // Not stored, so not acknowledged: the sender sends it again on the next session. A hub
+      // tier whose cluster is down says so (`unavailable`), so that links retry and clients wait.
       this.opts.logger.error("could not store a forwarded batch", { peer, channel: batch.channel, error: String(err) });
-      session.close("store_failed", err instanceof Error ? err.message : String(err));
+      const code = err instanceof KeyopError && err.code === "unavailable" ? "unavailable" : "store_failed";
+      session.close(code, err instanceof Error ? err.message : String(err));
       return false;
     } finally {
       for (const k of keep) this.pending.delete(k.id);

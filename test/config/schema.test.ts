@@ -80,7 +80,7 @@ describe("config", () => {
     expect(c.storage).toMatchObject({ dataDir: "/var/lib/keyop", sync: "interval", syncIntervalMs: 50, segmentBytes: 8 * 2 ** 20, retention: { maxAgeMs: 7 * 86_400_000, maxBytes: 2 ** 30 } });
     expect(c.api).toEqual({ socket: "/var/lib/keyop/keyop.sock", socketMode: 0o600, maxMessageBytes: 256 * 1024 });
     expect(c.hub!.peers[0]).toEqual({ name: "dev1", publish: ["telemetry.>"], subscribe: ["cmd.dev1.>"] });
-    expect(c.links[0]).toEqual({ hub: "hub.example:7740", publish: ["telemetry.>"], subscribe: ["cmd.>"], start: "earliest" });
+    expect(c.links[0]).toEqual({ hubs: ["hub.example:7740"], publish: ["telemetry.>"], subscribe: ["cmd.>"], start: "earliest" });
     expect(c.federation.heartbeatMs).toBe(5000);
     expect(c.federation.window).toBe(4);
   });

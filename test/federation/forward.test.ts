@@ -14,6 +14,7 @@ import { createCa, issueCert } from "../../src/pki/certs.ts";
 import { connectMtls, MtlsServer } from "../../src/pki/mtls.ts";
 import { loadTlsMaterial, type TlsMaterial } from "../../src/pki/tls.ts";
 import { silentLogger } from "../../src/observability/logger.ts";
+import { messengerSink } from "../../src/federation/sink.ts";
 import { tmpDir, waitFor } from "../helpers.ts";
 
 let dir: string;
@@ -49,7 +50,7 @@ beforeAll(async () => {
       {
         onHello: (s, h) => {
           const allowed = PEER_PUBLISH[s.peer.name]!.map(compilePattern);
-          receivers.set(s, new Receiver({ messenger: hubM, self: "hub", dedup, logger: silentLogger, audit, allow: (c) => allowed.some((m) => m(c)) }));
+          receivers.set(s, new Receiver({ sink: messengerSink(hubM), self: "hub", dedup, logger: silentLogger, audit, allow: (c) => allowed.some((m) => m(c)) }));
           return { version: 1, name: "hub", publish: PEER_PUBLISH[s.peer.name]!, subscribe: [], heartbeatMs: 5000, maxBatchBytes: h.maxBatchBytes };
         },
         onBatch: (s, b) => receivers.get(s)!.handle(s, b),

@@ -1,0 +1,347 @@
+/**
+ * A hub tier's storage: a NATS JetStream cluster (docs/scale-out.md). The
+ * engine keeps one NATS connection, provisions the configured streams, and
+ * stores records with their keyop id as `Nats-Msg-Id`, so a record sent
+ * twice (a hub that died before acknowledging, a board retrying through
+ * another hub) is stored once. It knows whether the cluster takes writes:
+ * a hub refuses sessions while it does not, and never keeps a local spool.
+ */
+import { readFileSync } from "node:fs";
+import {
+  connect,
+  DeliverPolicy,
+  credsAuthenticator,
+  DiscardPolicy,
+  Events,
+  headers as natsHeaders,
+  type JetStreamClient,
+  type JetStreamManager,
+  type KV,
+  type NatsConnection,
+  nanos,
+  RetentionPolicy,
+  StorageType,
+  type StreamConfig as NatsStreamConfig,
+} from "nats";
+import type { JetStreamConfig, StreamConfig } from "../config/jetstream.ts";
+import { decodeEnvelope } from "../envelope/envelope.ts";
+import { EngineUnavailableError } from "../errors.ts";
+import type { HubStore, SinkRecord } from "../federation/sink.ts";
+import type { Logger } from "../observability/logger.ts";
+import type { StreamMessage } from "./foreign.ts";
+import { KvPositions } from "./positions.ts";
+import type { StreamSource } from "./stream-forwarder.ts";
+import { channelSubject, patternSubject } from "./subjects.ts";
+
+/** The key-value bucket of board positions (keys carry the tier's name, so tiers may share a cluster). */
+export const POSITIONS_BUCKET = "keyop_positions";
+
+/** Timings of an engine (tests shorten them). */
+export interface EngineTimings {
+  /** One publish waits this long for its PubAck before it is sent again. */
+  publishTimeoutMs: number;
+  /**
+   * A record is sent again (same id) for this long before the engine gives
+   * up and calls the cluster unavailable: long enough for a stream leader
+   * election, short enough that a board does not wait on a dead cluster.
+   */
+  retryForMs: number;
+  /** While unavailable, how often the engine asks the cluster whether it takes writes again. */
+  probeMs: number;
+}
+
+export const DEFAULT_TIMINGS: EngineTimings = { publishTimeoutMs: 2000, retryForMs: 15_000, probeMs: 1000 };
+
+/** What the engine is doing, for status and for a hub deciding whether to take a session. */
+export type EngineState = "connecting" | "available" | "unavailable" | "closed";
+
+/** The stream settings keyop asks JetStream for. */
+export function natsStreamConfig(s: StreamConfig, cfg: Pick<JetStreamConfig, "subjectPrefix" | "duplicateWindowMs">): Partial<NatsStreamConfig> & { name: string } {
+  return {
+    name: s.name,
+    subjects: s.channels.map((c) => patternSubject(cfg.subjectPrefix, c)),
+    num_replicas: s.replicas,
+    max_age: s.maxAgeMs === undefined ? 0 : nanos(s.maxAgeMs),
+    max_bytes: s.maxBytes ?? -1,
+    duplicate_window: nanos(cfg.duplicateWindowMs),
+    storage: StorageType.File,
+    retention: RetentionPolicy.Limits,
+    discard: DiscardPolicy.Old,
+  };
+}
+
+/** The JetStream cluster of a hub tier; also the RecordSink its receivers store into. */
+export class JetStreamEngine implements HubStore, StreamSource {
+  private readonly cfg: JetStreamConfig;
+  private readonly logger: Logger;
+  private readonly t: EngineTimings;
+  private nc: NatsConnection | null = null;
+  private js: JetStreamClient | null = null;
+  private jsm: JetStreamManager | null = null;
+  private _state: EngineState = "connecting";
+  private reason = "connecting to the cluster";
+  private probing: ReturnType<typeof setTimeout> | null = null;
+  private kv: KV | null = null;
+  private positionStore: KvPositions | null = null;
+  private readonly closing = new AbortController();
+  private readonly listeners = new Set<(s: EngineState) => void>();
+  /** Records stored, and records JetStream already had (dropped as duplicates). */
+  readonly stats = { stored: 0, duplicates: 0, retries: 0 };
+
+  constructor(cfg: JetStreamConfig, logger: Logger, timings: Partial<EngineTimings> = {}) {
+    this.cfg = cfg;
+    this.logger = logger;
+    this.t = { ...DEFAULT_TIMINGS, ...timings };
+  }
+
+  /** Connects in the background (retrying for ever) and provisions the streams; see `state`. */
+  start(): void {
+    void this.run();
+  }
+
+  get state(): EngineState {
+    return this._state;
+  }
+
+  /** Why the engine is not available (or "" when it is). */
+  get why(): string {
+    return this._state === "available" ? "" : this.reason;
+  }
+
+  unavailable(): string | null {
+    return this._state === "available" ? null : this.why;
+  }
+
+  /** Calls `fn` on every change of state; returns the remover. */
+  onState(fn: (s: EngineState) => void): () => void {
+    this.listeners.add(fn);
+    return () => this.listeners.delete(fn);
+  }
+
+  /** Resolves once available, rejects on `signal` or when closed. */
+  async ready(signal?: AbortSignal): Promise<void> {
+    if (this._state === "available") return;
+    await new Promise<void>((resolve, reject) => {
+      const off = this.onState((s) => {
+        if (s === "available") done(resolve);
+        else if (s === "closed") done(() => reject(new EngineUnavailableError("engine closed")));
+      });
+      const abort = () => done(() => reject(new EngineUnavailableError("gave up waiting for JetStream")));
+      const done = (f: () => void) => {
+        off();
+        signal?.removeEventListener("abort", abort);
+        f();
+      };
+      signal?.addEventListener("abort", abort, { once: true });
+    });
+  }
+
+  private setState(s: EngineState, reason = ""): void {
+    if (this._state === "closed") return;
+    const changed = s !== this._state;
+    this._state = s;
+    if (reason) this.reason = reason;
+    if (!changed) return;
+    if (s === "available") this.logger.info("jetstream available", { servers: this.cfg.servers });
+    else if (s === "unavailable") this.logger.warn("jetstream unavailable: sessions are refused and nothing is acknowledged until it is back", { reason: this.reason });
+    for (const l of [...this.listeners]) l(s);
+    if (s === "unavailable") this.probeSoon();
+  }
+
+  private async run(): Promise<void> {
+    const { cfg } = this;
+    try {
+      this.nc = await connect({
+        servers: cfg.servers.map((s) => s.replace(/^nats:\/\//, "")),
+        name: "keyop-hub",
+        waitOnFirstConnect: true,
+        maxReconnectAttempts: -1,
+        reconnectTimeWait: 1000,
+        pingInterval: 10_000,
+        ...(cfg.user !== undefined ? { user: cfg.user, pass: cfg.password } : {}),
+        ...(cfg.creds !== undefined ? { authenticator: credsAuthenticator(readFileSync(cfg.creds)) } : {}),
+        ...(cfg.tls ? { tls: { certFile: cfg.tls.cert, keyFile: cfg.tls.key, caFile: cfg.tls.ca } } : {}),
+      });
+    } catch (err) {
+      if (this.closing.signal.aborted) return;
+      this.logger.error("cannot connect to jetstream (check hub.jetstream)", { error: String(err) });
+      this.setState("unavailable", `cannot connect: ${String(err)}`);
+      return;
+    }
+    if (this.closing.signal.aborted) {
+      await this.nc.close();
+      return;
+    }
+    this.js = this.nc.jetstream();
+    this.jsm = await this.nc.jetstreamManager({ checkAPI: false });
+    void this.watch(this.nc);
+    await this.probe();
+  }
+
+  /** Follows the connection: a disconnect makes the engine unavailable, a reconnect probes. */
+  private async watch(nc: NatsConnection): Promise<void> {
+    for await (const s of nc.status()) {
+      if (s.type === Events.Disconnect) this.setState("unavailable", `disconnected from ${String(s.data)}`);
+      else if (s.type === Events.Reconnect) void this.probe();
+    }
+  }
+
+  private probeSoon(): void {
+    if (this.probing || this._state !== "unavailable" || !this.jsm) return;
+    this.probing = setTimeout(() => {
+      this.probing = null;
+      void this.probe();
+    }, this.t.probeMs);
+  }
+
+  /** Makes sure every stream exists as configured; available when the cluster answered for all. */
+  private async probe(): Promise<void> {
+    const jsm = this.jsm;
+    if (!jsm || this._state === "closed") return;
+    try {
+      for (const s of this.cfg.streams) await this.provision(jsm, s);
+      if (!this.kv) {
+        const replicas = Math.max(...this.cfg.streams.map((s) => s.replicas));
+        this.kv = await this.js!.views.kv(POSITIONS_BUCKET, { replicas, history: 1 });
+        this.positionStore = new KvPositions(this.kv, this.logger);
+      }
+      this.setState("available");
+    } catch (err) {
+      this.setState("unavailable", `streams not ready: ${err instanceof Error ? err.message : String(err)}`);
+      this.probeSoon();
+    }
+  }
+
+  private async provision(jsm: JetStreamManager, s: StreamConfig): Promise<void> {
+    const want = natsStreamConfig(s, this.cfg);
+    let info: Awaited<ReturnType<JetStreamManager["streams"]["info"]>> | null = null;
+    try {
+      info = await jsm.streams.info(s.name);
+    } catch (err) {
+      if (!/stream not found/i.test(String(err))) throw err;
+    }
+    if (!info) {
+      await jsm.streams.add(want);
+      this.logger.info("jetstream stream created", { stream: s.name, subjects: want.subjects, replicas: s.replicas });
+      return;
+    }
+    const c = info.config;
+    const same =
+      JSON.stringify([...(c.subjects ?? [])].sort()) === JSON.stringify([...want.subjects!].sort()) &&
+      c.num_replicas === want.num_replicas &&
+      c.max_age === want.max_age &&
+      c.max_bytes === want.max_bytes &&
+      c.duplicate_window === want.duplicate_window;
+    if (!same) {
+      await jsm.streams.update(s.name, want);
+      this.logger.info("jetstream stream updated to the configuration", { stream: s.name, subjects: want.subjects, replicas: s.replicas });
+    }
+  }
+
+  /**
+   * Publishes every record to its channel's subject with its id as
+   * `Nats-Msg-Id`, all at once, and resolves when every one has its
+   * PubAck (stored, or a duplicate JetStream already had).
+   */
+  async store(channel: string, records: readonly SinkRecord[]): Promise<void> {
+    // Not refused while merely unavailable: a reconnect to another server or a leader election
+    // is what the retries are for; a cluster that stays down fails them (and the session).
+    if (this._state === "closed" || !this.js) throw new EngineUnavailableError(`jetstream is not connected: ${this.why}`);
+    const subject = channelSubject(this.cfg.subjectPrefix, channel);
+    await Promise.all(records.map((r) => this.publish(subject, r)));
+  }
+
+  private async publish(subject: string, r: SinkRecord): Promise<void> {
+    const deadline = performance.now() + this.t.retryForMs;
+    const hdrs = this.cfg.headers ? this.headersOf(r.body) : undefined;
+    for (let attempt = 0; ; attempt++) {
+      const js = this.js;
+      if (this._state === "closed" || !js) throw new EngineUnavailableError("engine closed");
+      try {
+        const ack = await js.publish(subject, r.body, { msgID: r.id, timeout: this.t.publishTimeoutMs, ...(hdrs ? { headers: hdrs } : {}) });
+        if (ack.duplicate) this.stats.duplicates++;
+        else this.stats.stored++;
+        return;
+      } catch (err) {
+        // A leader election or a lost server: the same id again is safe, JetStream drops a second copy.
+        const left = deadline - performance.now();
+        if (left <= 0 || (this._state as EngineState) === "closed") {
+          this.setState("unavailable", `publish to ${subject} failed for ${this.t.retryForMs} ms: ${String(err)}`);
+          throw new EngineUnavailableError(`jetstream did not store ${subject}: ${String(err)}`, err);
+        }
+        this.stats.retries++;
+        await Bun.sleep(Math.min(left, 100 * 2 ** Math.min(attempt, 4)));
+      }
+    }
+  }
+
+  /** Headers for readers outside keyop; only made when `headers` is on. */
+  private headersOf(body: Uint8Array) {
+    const h = natsHeaders();
+    try {
+      const m = decodeEnvelope(body, 0);
+      h.set("Keyop-Type", m.type);
+      h.set("Keyop-Origin", m.origin);
+      if (m.correlationId) h.set("Keyop-Correlation-Id", m.correlationId);
+    } catch {
+      // the receiver checked the envelope; a body it kept always decodes
+    }
+    return h;
+  }
+
+  /** Board positions (once the engine was available). */
+  get positions(): KvPositions | null {
+    return this.positionStore;
+  }
+
+  /** The configuration the engine runs (streams, prefix). */
+  get config(): JetStreamConfig {
+    return this.cfg;
+  }
+
+  async bounds(stream: string): Promise<{ first: number; last: number }> {
+    if (!this.jsm) throw new EngineUnavailableError("jetstream is not connected");
+    const i = await this.jsm.streams.info(stream);
+    return { first: i.state.first_seq, last: i.state.last_seq };
+  }
+
+  /**
+   * An ordered consumer from `from`: ephemeral, in memory on one server, no
+   * acks (the board's ACKs move its position instead); it re-creates itself
+   * where it was after a server or the connection is lost.
+   */
+  async *read(stream: string, from: number, filter: string | undefined, signal: AbortSignal): AsyncIterable<StreamMessage & { pending: number }> {
+    if (!this.js) throw new EngineUnavailableError("jetstream is not connected");
+    const consumer = await this.js.consumers.get(stream, { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: Math.max(1, from), ...(filter ? { filterSubjects: filter } : {}) });
+    const msgs = await consumer.consume({ max_messages: 256 });
+    const stop = () => msgs.stop();
+    signal.addEventListener("abort", stop, { once: true });
+    try {
+      for await (const m of msgs) {
+        yield {
+          subject: m.subject,
+          data: m.data,
+          seq: m.seq,
+          timestampMs: m.info.timestampNanos / 1e6,
+          pending: m.info.pending,
+          header: (name: string) => m.headers?.get(name) || undefined,
+        };
+      }
+    } finally {
+      signal.removeEventListener("abort", stop);
+      msgs.stop();
+    }
+  }
+
+  /** Closes the connection; later stores reject. */
+  async close(): Promise<void> {
+    this.closing.abort();
+    if (this.probing) clearTimeout(this.probing);
+    this._state = "closed";
+    for (const l of [...this.listeners]) l("closed");
+    const nc = this.nc;
+    this.nc = null;
+    this.js = null;
+    if (nc && !nc.isClosed()) await nc.drain().catch(() => nc.close());
+  }
+}

@@ -1,0 +1,275 @@
+/**
+ * A hub tier on a real 3-node JetStream cluster: two keyop hubs with one
+ * identity (CN "hub", each its own key), a board linked to both, records
+ * stored in an R3 stream exactly once through hub kills, a stream leader
+ * kill, and the whole cluster going away and coming back.
+ */
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { mkdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import type { NatsConnection } from "nats";
+import { decodeEnvelope } from "../../src/envelope/envelope.ts";
+import { freePort, tmpDir, waitFor } from "../helpers.ts";
+import { NatsCluster } from "../jetstream/nats-cluster.ts";
+import { cli, fleet, runAgent, type AgentProc } from "./agent-process.ts";
+
+const STREAM = "TELEMETRY";
+let dir: string;
+let cluster: NatsCluster;
+let nc: NatsConnection;
+let tls: (name: string) => string;
+const hubPorts = [freePort(), freePort()];
+const hubs: (AgentProc | null)[] = [null, null];
+let board: AgentProc;
+
+async function api(a: AgentProc, method: string, path: string, body?: unknown): Promise<any> {
+  const r = await fetch(`http://k${path}`, {
+    method,
+    body: body === undefined ? undefined : JSON.stringify(body),
+    headers: { "content-type": "application/json" },
+    unix: a.socket,
+  } as RequestInit);
+  return r.json();
+}
+
+/** Publishes `n` messages to the board in one NDJSON batch; returns their ids. */
+async function publish(channel: string, n: number, from = 0): Promise<string[]> {
+  const body = Array.from({ length: n }, (_, i) => JSON.stringify({ type: "n", payload: from + i })).join("\n");
+  const r = (await fetch(`http://k/v1/channels/${channel}/messages`, { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: board.socket } as RequestInit).then((x) =>
+    x.json(),
+  )) as { results: { id: string }[] };
+  return r.results.map((x) => x.id);
+}
+
+/** Every record of the stream: its id and channel, from the stored envelope. */
+async function streamRecords(): Promise<{ id: string; channel: string; subject: string; route: string[] }[]> {
+  const jsm = await nc.jetstreamManager();
+  const info = await jsm.streams.info(STREAM);
+  const out: { id: string; channel: string; subject: string; route: string[] }[] = [];
+  for (let seq = info.state.first_seq; seq <= info.state.last_seq && info.state.messages > 0; seq++) {
+    const m = await jsm.streams.getMessage(STREAM, { seq });
+    const e = decodeEnvelope(m.data, 0);
+    out.push({ id: e.id, channel: e.channel, subject: m.subject, route: e.route });
+  }
+  return out;
+}
+
+/** Reads `channel` on the board from the start, acknowledging as it goes, until `n` messages are in. */
+async function collect(a: AgentProc, channel: string, sub: string, n: number, timeoutMs: number): Promise<any[]> {
+  const got: any[] = [];
+  await waitFor(
+    async () => {
+      const r = await api(a, "GET", `/v1/channels/${channel}/messages?subscriber=${sub}&from=earliest&max=10000&wait=500`);
+      if (r.messages?.length) {
+        got.push(...r.messages);
+        await api(a, "POST", `/v1/channels/${channel}/subscribers/${sub}/ack`, { seq: r.messages.at(-1).seq });
+      }
+      return got.length >= n;
+    },
+    `${n} messages of ${channel}`,
+    timeoutMs,
+  );
+  return got;
+}
+
+async function streamCount(): Promise<number> {
+  const jsm = await nc.jetstreamManager();
+  return (await jsm.streams.info(STREAM)).state.messages;
+}
+
+function hubYaml(i: number): string {
+  return [
+    tls(i === 0 ? "hub" : "hub2/hub"),
+    "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n",
+    `hub:\n  listen: 127.0.0.1:${hubPorts[i]}\n  peers:\n    - name: board\n      publish: ["t.>"]\n      subscribe: ["cmd.board.>"]\n`,
+    "  jetstream:\n",
+    `    servers: [${cluster.servers.map((s) => `"${s}"`).join(", ")}]\n`,
+    "    subject_prefix: kp\n",
+    `    streams:\n      - {name: ${STREAM}, channels: ["t.>"], replicas: 3}\n      - {name: CMD, channels: ["cmd.>"], replicas: 3}\n`,
+    "    duplicate_window: 2m\n",
+  ].join("");
+}
+
+async function startHub(i: number): Promise<AgentProc> {
+  const f = join(dir, `hub${i}.yaml`);
+  writeFileSync(f, hubYaml(i));
+  const a = await runAgent(join(dir, `hub${i}`), ["--config", f]);
+  hubs[i] = a;
+  await waitFor(async () => (await api(a, "GET", "/v1/status")).jetstream?.state === "available", `hub ${i} sees jetstream`, 30_000, 100);
+  return a;
+}
+
+async function stopHub(i: number, signal: "SIGKILL" | "SIGTERM"): Promise<void> {
+  const h = hubs[i];
+  if (!h) return;
+  h.child.proc.kill(signal);
+  await h.child.proc.exited;
+  hubs[i] = null;
+}
+
+/** Waits until the board's link has nothing unacknowledged on `channel`. */
+async function drained(channel: string, timeoutMs = 60_000): Promise<void> {
+  await waitFor(
+    async () => {
+      const l = (await api(board, "GET", "/v1/status")).links[0];
+      const b = l?.backlog?.find((x: { channel: string }) => x.channel === channel);
+      return l?.state === "open" && b !== undefined && b.messages === 0;
+    },
+    `board's backlog of ${channel} drained`,
+    timeoutMs,
+    50,
+  );
+}
+
+beforeAll(async () => {
+  dir = tmpDir();
+  cluster = await NatsCluster.start(join(dir, "nats"));
+  nc = await cluster.client();
+  tls = await fleet(dir, ["hub", "board"]);
+  // The second hub of the tier: the same name (CN), its own key.
+  mkdirSync(join(dir, "pki", "hub2"), { recursive: true });
+  const r = await cli(["cert", "issue", "--name", "hub", "--ca-dir", join(dir, "pki"), "--out-dir", join(dir, "pki", "hub2"), "--ip", "127.0.0.1"]);
+  if (r.code !== 0) throw new Error(`second hub certificate: ${r.err}`);
+  await startHub(0);
+  await startHub(1);
+  const f = join(dir, "board.yaml");
+  writeFileSync(
+    f,
+    tls("board") +
+      "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n" +
+      `links:\n  - hub: ["127.0.0.1:${hubPorts[0]}", "127.0.0.1:${hubPorts[1]}"]\n    publish: ["t.>"]\n    subscribe: ["cmd.board.>"]\n    start: earliest\n`,
+  );
+  board = await runAgent(join(dir, "board"), ["--config", f]);
+}, 90_000);
+
+afterAll(async () => {
+  for (const a of [board, ...hubs]) {
+    if (!a) continue;
+    a.child.proc.kill("SIGKILL");
+    await a.child.proc.exited;
+  }
+  await nc?.close().catch(() => {});
+  await cluster?.stop();
+});
+
+describe("hub tier on JetStream", () => {
+  test("the hubs provision the stream as configured: R3, the subjects under the prefix, the duplicate window", async () => {
+    const jsm = await nc.jetstreamManager();
+    const info = await jsm.streams.info(STREAM);
+    expect(info.config.subjects).toEqual(["kp.t.>"]);
+    expect(info.config.num_replicas).toBe(3);
+    expect(info.config.duplicate_window).toBe(120_000_000_000);
+    expect(info.cluster?.replicas?.length).toBe(2);
+  });
+
+  test("records from a board are stored in the stream once each, subject = prefix + channel, the hub in their route", async () => {
+    const ids = await publish("t.up", 500);
+    await drained("t.up");
+    const recs = (await streamRecords()).filter((r) => r.channel === "t.up");
+    expect(recs.map((r) => r.id)).toEqual(ids);
+    expect(new Set(recs.map((r) => r.subject))).toEqual(new Set(["kp.t.up"]));
+    expect(recs[0]!.route).toEqual(["board", "hub"]);
+  }, 60_000);
+
+  test("a hub SIGKILLed mid-transfer: the board fails over to the other hub, resends, and the stream holds each record once", async () => {
+    const before = await streamCount();
+    const serving = (await api(board, "GET", "/v1/status")).links[0].target as string;
+    const i = serving.endsWith(`:${hubPorts[0]}`) ? 0 : 1;
+    const ids: string[] = [];
+    for (let b = 0; b < 5; b++) ids.push(...(await publish("t.failover", 2000, b * 2000)));
+    // Kill the serving hub while the backlog is in flight.
+    await waitFor(async () => (await streamCount()) > before, "some records stored before the kill", 30_000, 5);
+    await stopHub(i, "SIGKILL");
+    await drained("t.failover", 90_000);
+    const link = (await api(board, "GET", "/v1/status")).links[0];
+    expect(link.target).toBe(`127.0.0.1:${hubPorts[1 - i]}`);
+    // The resend reached JetStream twice for what the killed hub had stored: dropped there by id.
+    expect((await api(hubs[1 - i]!, "GET", "/v1/status")).jetstream.duplicates).toBeGreaterThan(0);
+    const recs = (await streamRecords()).filter((r) => r.channel === "t.failover");
+    expect(recs.length).toBe(ids.length);
+    expect(new Set(recs.map((r) => r.id))).toEqual(new Set(ids));
+    await startHub(i);
+  }, 120_000);
+
+  test("the stream leader SIGKILLed during a transfer: the hub resends with the same ids, nothing lost, nothing twice", async () => {
+    const jsm = await nc.jetstreamManager();
+    const leader = (await jsm.streams.info(STREAM)).cluster!.leader!;
+    const before = await streamCount();
+    const ids: string[] = [];
+    for (let b = 0; b < 5; b++) ids.push(...(await publish("t.leader", 2000, b * 2000)));
+    await waitFor(async () => (await streamCount()) > before, "some records stored before the kill", 30_000, 5);
+    await cluster.stopNode(leader, "SIGKILL");
+    await drained("t.leader", 90_000);
+    const recs = (await streamRecords()).filter((r) => r.channel === "t.leader");
+    expect(recs.length).toBe(ids.length);
+    expect(new Set(recs.map((r) => r.id))).toEqual(new Set(ids));
+    // The kill was felt: publishes were sent again with their ids.
+    const retries = await Promise.all(hubs.map(async (h) => (await api(h!, "GET", "/v1/status")).jetstream.retries as number));
+    expect(retries.reduce((a, b) => a + b, 0)).toBeGreaterThan(0);
+    cluster.startNode(leader);
+    await cluster.waitReady();
+  }, 120_000);
+
+  test("commands published by a NATS client reach the board; it moves to the other hub mid-flow: all arrive, in order, none twice", async () => {
+    const js = nc.jetstream();
+    const { headers } = await import("nats");
+    const send = async (from: number, n: number) => {
+      for (let i = from; i < from + n; i++) {
+        const h = headers();
+        h.set("Keyop-Type", "cmd");
+        h.set("Keyop-Origin", "ops");
+        await js.publish("kp.cmd.board.run", JSON.stringify({ n: i }), { headers: h });
+      }
+    };
+    await send(0, 300);
+    const first = await collect(board, "cmd.board.run", "c", 100, 30_000);
+    expect(first[0]).toMatchObject({ type: "cmd", origin: "ops", payload: { n: 0 }, route: ["hub", "board"] });
+    const serving = (await api(board, "GET", "/v1/status")).links[0].target as string;
+    const i = serving.endsWith(`:${hubPorts[0]}`) ? 0 : 1;
+    await stopHub(i, "SIGKILL");
+    await send(300, 300);
+    const rest = await collect(board, "cmd.board.run", "c", 600 - first.length, 60_000);
+    const all = [...first, ...rest];
+    expect(all.map((m) => m.payload.n)).toEqual(Array.from({ length: 600 }, (_, k) => k));
+    expect(new Set(all.map((m) => m.id)).size).toBe(600);
+    expect((await api(board, "GET", "/v1/status")).links[0].target).toBe(`127.0.0.1:${hubPorts[1 - i]}`);
+    await startHub(i);
+  }, 120_000);
+
+  test("the nats.js example reads the board's telemetry from the stream and sends it a command", async () => {
+    const ids = await publish("t.example", 3);
+    await drained("t.example");
+    const proc = Bun.spawn([process.execPath, join(import.meta.dir, "..", "..", "examples", "nats", "service.mjs"), cluster.servers[0]!, "t.example"], { stdout: "pipe", stderr: "pipe" });
+    const [out, err, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+    expect(err).toBe("");
+    expect(code).toBe(0);
+    const lines = out.trim().split("\n");
+    expect(lines.slice(0, 3).map((l) => JSON.parse(l).id)).toEqual(ids);
+    expect(lines[0]).toContain('"origin":"board"');
+    const cmd = await collect(board, "cmd.board.example", "e", 1, 30_000);
+    expect(cmd[0]).toMatchObject({ type: "reboot", origin: "ops", payload: { after_s: 5 } });
+  }, 60_000);
+
+  test("the whole cluster down: hubs refuse the board (unavailable), it keeps its backlog; back up: the backlog drains exactly once", async () => {
+    for (const n of cluster.nodes) await cluster.stopNode(n.name, "SIGKILL");
+    const ids = await publish("t.outage", 3000);
+    await waitFor(
+      async () => {
+        const l = (await api(board, "GET", "/v1/status")).links[0];
+        return l.state !== "open" && /unavailable/.test(l.last_error ?? "");
+      },
+      "the board is refused with unavailable",
+      60_000,
+      100,
+    );
+    const waiting = (await api(board, "GET", "/v1/status")).links[0].backlog.find((b: { channel: string }) => b.channel === "t.outage");
+    expect(waiting.messages).toBe(3000);
+    for (const h of hubs) expect((await api(h!, "GET", "/v1/status")).jetstream.state).not.toBe("available");
+    for (const n of cluster.nodes) cluster.startNode(n.name);
+    await cluster.waitReady(60_000);
+    await drained("t.outage", 90_000);
+    const recs = (await streamRecords()).filter((r) => r.channel === "t.outage");
+    expect(recs.length).toBe(3000);
+    expect(new Set(recs.map((r) => r.id))).toEqual(new Set(ids));
+  }, 180_000);
+});
