@@ -22,6 +22,7 @@ import { diskFloorUs, pace, printTable, quantile, writeResults, type Row } from 
 import { portOpen, type Proc as Child } from "./procs.ts";
 import { bin, cpuOf, ensureInstalled, freePort, Servers, type ConfServer, type Server } from "./servers.ts";
 import { RawHttp } from "./raw-http.ts";
+import { scaleOut } from "./scale-out.ts";
 import { steady } from "./steady.ts";
 import { barChart, type Bar } from "./svg.ts";
 
@@ -689,6 +690,7 @@ try {
     ["4 crash: mosquitto", crashMosquitto],
     ["4 crash: nats", crashNats],
     ["6 steady rate", steadyRate],
+    ["7 scale-out: hub tier on JetStream", async () => void rows.push(...(await scaleOut({ root, quick, started })))],
   ];
   for (const [name, fn] of steps) {
     if (only && !name.includes(only) && !(name === "6 steady rate" && only.startsWith("steady"))) continue;

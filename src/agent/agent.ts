@@ -2,7 +2,7 @@
  * The agent behind `keyop run`: one Messenger on the data directory and the
  * local API on its Unix socket, started and stopped together.
  */
-import { federationGauges, linkJson } from "./federation-view.ts";
+import { federationGauges, jetstreamGauges, linkJson } from "./federation-view.ts";
 import { resolve } from "node:path";
 import { ApiServer } from "../api/server.ts";
 import type { AgentConfig } from "../config/schema.ts";
@@ -100,6 +100,7 @@ export class Agent {
         gauges: () => ({
           keyop_uptime_seconds: { help: "Seconds since the agent started.", value: (Date.now() - (agent?.startedAt ?? Date.now())) / 1000 },
           ...(agent?.federation ? federationGauges(agent.federation.links(), agent.federation.auditHealth()) : {}),
+          ...(agent?.jetstream ? jetstreamGauges(agent.jetstream.state, agent.jetstream.stats) : {}),
           ...(agent?.mqtt
             ? { keyop_mqtt_session_save_failures: { help: "Saves of the MQTT session state that failed since start (each retried).", value: agent.mqtt.sessions.health().failedSaves } }
             : {}),

@@ -56,3 +56,14 @@ export function federationGauges(links: LinkInfo[], audit: { failedWrites: numbe
       : {}),
   };
 }
+
+/** Gauges for a hub tier's JetStream engine: whether it takes writes, and what it did since start. */
+export function jetstreamGauges(state: string, stats: { stored: number; duplicates: number; retries: number; expired: number }): ExtraGauges {
+  return {
+    keyop_jetstream_available: [{ help: "1 when the hub tier's JetStream cluster takes writes (sessions are refused otherwise).", value: state === "available" ? 1 : 0 }],
+    keyop_jetstream_stored: [{ help: "Records stored in JetStream since start.", value: stats.stored }],
+    keyop_jetstream_duplicates: [{ help: "Records JetStream already had (same id within the duplicate window), since start.", value: stats.duplicates }],
+    keyop_jetstream_retries: [{ help: "Publishes sent again with the same id since start (leader elections, lost servers).", value: stats.retries }],
+    keyop_jetstream_expired: [{ help: "Stream messages boards missed because their position was older than the stream's first message, since start.", value: stats.expired }],
+  };
+}

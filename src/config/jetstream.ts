@@ -4,7 +4,7 @@
  * reported: a peer rule that no stream covers would otherwise surface as
  * refused publishes in production, not as a config error.
  */
-import { patternsOverlap, uncovered } from "../jetstream/subjects.ts";
+import { patternsOverlap, uncovered } from "../envelope/patterns.ts";
 import type { PeerConfig, Reader } from "./schema.ts";
 
 /** One stream the hub provisions and stores channels in. */

@@ -36,6 +36,9 @@ import { channelSubject, patternSubject } from "./subjects.ts";
 /** The key-value bucket of board positions (keys carry the tier's name, so tiers may share a cluster). */
 export const POSITIONS_BUCKET = "keyop_positions";
 
+/** A session's consumer left behind by a hub that died is removed by the server after this long. */
+const CONSUMER_INACTIVE_MS = 30_000;
+
 /** Timings of an engine (tests shorten them). */
 export interface EngineTimings {
   /** One publish waits this long for its PubAck before it is sent again. */
@@ -85,8 +88,12 @@ export class JetStreamEngine implements HubStore, StreamSource {
   private positionStore: KvPositions | null = null;
   private readonly closing = new AbortController();
   private readonly listeners = new Set<(s: EngineState) => void>();
-  /** Records stored, and records JetStream already had (dropped as duplicates). */
-  readonly stats = { stored: 0, duplicates: 0, retries: 0 };
+  /**
+   * Records stored, records JetStream already had (dropped as duplicates),
+   * publishes sent again, and stream messages boards missed because their
+   * position was older than the stream's first message.
+   */
+  readonly stats = { stored: 0, duplicates: 0, retries: 0, expired: 0 };
 
   constructor(cfg: JetStreamConfig, logger: Logger, timings: Partial<EngineTimings> = {}) {
     this.cfg = cfg;
@@ -312,7 +319,14 @@ export class JetStreamEngine implements HubStore, StreamSource {
    */
   async *read(stream: string, from: number, filter: string | undefined, signal: AbortSignal): AsyncIterable<StreamMessage & { pending: number }> {
     if (!this.js) throw new EngineUnavailableError("jetstream is not connected");
-    const consumer = await this.js.consumers.get(stream, { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: Math.max(1, from), ...(filter ? { filterSubjects: filter } : {}) });
+    // Deleted when the session ends; the threshold removes it if this hub dies first. (Left to
+    // the library's default of 5 minutes, a fleet of boards on flaky links piled them up.)
+    const consumer = await this.js.consumers.get(stream, {
+      deliver_policy: DeliverPolicy.StartSequence,
+      opt_start_seq: Math.max(1, from),
+      inactive_threshold: CONSUMER_INACTIVE_MS,
+      ...(filter ? { filterSubjects: filter } : {}),
+    });
     const msgs = await consumer.consume({ max_messages: 256 });
     const stop = () => msgs.stop();
     signal.addEventListener("abort", stop, { once: true });
@@ -330,6 +344,7 @@ export class JetStreamEngine implements HubStore, StreamSource {
     } finally {
       signal.removeEventListener("abort", stop);
       msgs.stop();
+      await consumer.delete().catch(() => {});
     }
   }
 

@@ -17,7 +17,8 @@ import { Window } from "../messenger/window.ts";
 import type { Logger } from "../observability/logger.ts";
 import { downRecord, type StreamMessage } from "./foreign.ts";
 import { positionKey, type PositionStore } from "./positions.ts";
-import { patternIntersection, patternSubject } from "./subjects.ts";
+import { patternIntersection } from "../envelope/patterns.ts";
+import { patternSubject } from "./subjects.ts";
 
 /** Reading streams: the engine in the agent, an in-memory stream in tests. */
 export interface StreamSource {
@@ -76,6 +77,8 @@ export interface StreamForwarderOptions {
   maxMessageBytes: number;
   logger: Logger;
   audit?: AuditLog | undefined;
+  /** Told of stream sequences skipped because a position was older than the stream's first message. */
+  onExpired?: (skipped: number) => void;
 }
 
 /** A stretch of stream sequences: sent in one batch, or passed over. */
@@ -151,6 +154,7 @@ export class StreamForwarder implements Sender {
     if (stored + 1 < first) {
       const missed = first - stored - 1;
       this.stats.expired += missed;
+      this.o.onExpired?.(missed);
       this.o.logger.warn("a board's position is older than the stream's first message: what retention removed is skipped", {
         peer: session.peer.name,
         stream: r.plan.stream,

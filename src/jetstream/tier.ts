@@ -31,6 +31,9 @@ export function jetstreamTier(engine: JetStreamEngine, o: { name: string; window
         maxMessageBytes: o.maxMessageBytes,
         logger: o.logger,
         audit: s.audit,
+        onExpired: (n) => {
+          engine.stats.expired += n;
+        },
       });
     },
   };

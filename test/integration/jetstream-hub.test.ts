@@ -5,7 +5,7 @@
  * kill, and the whole cluster going away and coming back.
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { NatsConnection } from "nats";
 import { decodeEnvelope } from "../../src/envelope/envelope.ts";
@@ -21,6 +21,7 @@ let tls: (name: string) => string;
 const hubPorts = [freePort(), freePort()];
 const hubs: (AgentProc | null)[] = [null, null];
 let board: AgentProc;
+let boardConfig: string;
 
 async function api(a: AgentProc, method: string, path: string, body?: unknown): Promise<any> {
   const r = await fetch(`http://k${path}`, {
@@ -81,11 +82,12 @@ function hubYaml(i: number): string {
   return [
     tls(i === 0 ? "hub" : "hub2/hub"),
     "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n",
-    `hub:\n  listen: 127.0.0.1:${hubPorts[i]}\n  peers:\n    - name: board\n      publish: ["t.>"]\n      subscribe: ["cmd.board.>"]\n`,
+    `audit:\n  path: ${join(dir, `hub${i}-audit.log`)}\n`,
+    `hub:\n  listen: 127.0.0.1:${hubPorts[i]}\n  peers:\n    - name: board\n      publish: ["t.>"]\n      subscribe: ["cmd.board.>", "small.board.>"]\n`,
     "  jetstream:\n",
     `    servers: [${cluster.servers.map((s) => `"${s}"`).join(", ")}]\n`,
     "    subject_prefix: kp\n",
-    `    streams:\n      - {name: ${STREAM}, channels: ["t.>"], replicas: 3}\n      - {name: CMD, channels: ["cmd.>"], replicas: 3}\n`,
+    `    streams:\n      - {name: ${STREAM}, channels: ["t.>"], replicas: 3}\n      - {name: CMD, channels: ["cmd.>"], replicas: 3}\n      - {name: SMALL, channels: ["small.>"], replicas: 3, max_bytes: 8KiB}\n`,
     "    duplicate_window: 2m\n",
   ].join("");
 }
@@ -137,9 +139,10 @@ beforeAll(async () => {
     f,
     tls("board") +
       "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n" +
-      `links:\n  - hub: ["127.0.0.1:${hubPorts[0]}", "127.0.0.1:${hubPorts[1]}"]\n    publish: ["t.>"]\n    subscribe: ["cmd.board.>"]\n    start: earliest\n`,
+      `links:\n  - hub: ["127.0.0.1:${hubPorts[0]}", "127.0.0.1:${hubPorts[1]}"]\n    publish: ["t.>"]\n    subscribe: ["cmd.board.>", "small.board.>"]\n    start: earliest\n`,
   );
   board = await runAgent(join(dir, "board"), ["--config", f]);
+  boardConfig = f;
 }, 90_000);
 
 afterAll(async () => {
@@ -160,6 +163,8 @@ describe("hub tier on JetStream", () => {
     expect(info.config.num_replicas).toBe(3);
     expect(info.config.duplicate_window).toBe(120_000_000_000);
     expect(info.cluster?.replicas?.length).toBe(2);
+    const metrics = await (await fetch("http://k/metrics", { unix: hubs[0]!.socket } as RequestInit)).text();
+    expect(metrics).toContain("keyop_jetstream_available 1");
   });
 
   test("records from a board are stored in the stream once each, subject = prefix + channel, the hub in their route", async () => {
@@ -248,6 +253,42 @@ describe("hub tier on JetStream", () => {
     expect(lines[0]).toContain('"origin":"board"');
     const cmd = await collect(board, "cmd.board.example", "e", 1, 30_000);
     expect(cmd[0]).toMatchObject({ type: "reboot", origin: "ops", payload: { after_s: 5 } });
+  }, 60_000);
+
+  test("a board away longer than the stream keeps messages: what retention removed is skipped, counted in status and audited", async () => {
+    const js = nc.jetstream();
+    const send = async (from: number, n: number) => {
+      for (let i = from; i < from + n; i++) await js.publish("kp.small.board.log", JSON.stringify({ n: i, pad: "x".repeat(100) }));
+    };
+    await send(0, 5);
+    const before = await collect(board, "small.board.log", "s", 5, 30_000);
+    expect(before.map((m) => m.payload.n)).toEqual([0, 1, 2, 3, 4]);
+    const expiredBefore = (await Promise.all(hubs.map(async (h) => (await api(h!, "GET", "/v1/status")).jetstream.expired as number))).reduce((a, b) => a + b, 0);
+    // Its position reaches the replicated bucket (written soon after the ACK).
+    const kv = await js.views.kv("keyop_positions");
+    await waitFor(async () => (await kv.get("hub.board.SMALL"))?.string() === "5", "the board's position in SMALL is 5", 10_000, 20);
+    // The board goes away; 200 more arrive, and the stream's 8 KiB keep only the newest.
+    const jsm = await nc.jetstreamManager();
+    const consumers = async () => (await jsm.streams.info("SMALL")).state.consumer_count;
+    const readers = await consumers();
+    expect(readers).toBeGreaterThan(0);
+    board.child.proc.kill("SIGTERM");
+    await board.child.proc.exited;
+    // The session's consumer goes with it (one of a hub killed earlier may linger until its threshold).
+    await waitFor(async () => (await consumers()) <= readers - 1, "the board's consumer deleted when its session ended", 5000, 50);
+    await send(5, 200);
+    const first = (await jsm.streams.info("SMALL")).state.first_seq;
+    expect(first).toBeGreaterThan(6);
+    board = await runAgent(join(dir, "board"), ["--config", boardConfig]);
+    const kept = (await jsm.streams.info("SMALL")).state.messages;
+    const after = await collect(board, "small.board.log", "s", kept, 30_000);
+    // Everything still in the stream arrives, in order, starting where retention left off.
+    expect(after.map((m) => m.payload.n)).toEqual(Array.from({ length: kept }, (_, k) => 205 - kept + k));
+    const expired = (await Promise.all(hubs.map(async (h) => (await api(h!, "GET", "/v1/status")).jetstream.expired as number))).reduce((a, b) => a + b, 0);
+    expect(expired - expiredBefore).toBe(first - 6);
+    const audit = ["hub0", "hub1"].map((n) => (existsSync(join(dir, `${n}-audit.log`)) ? readFileSync(join(dir, `${n}-audit.log`), "utf8") : "")).join("");
+    expect(audit).toContain('"event":"position_expired"');
+    expect(audit).toContain(`"skipped":${first - 6}`);
   }, 60_000);
 
   test("the whole cluster down: hubs refuse the board (unavailable), it keeps its backlog; back up: the backlog drains exactly once", async () => {
