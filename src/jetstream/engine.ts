@@ -16,7 +16,9 @@ import {
   headers as natsHeaders,
   type JetStreamClient,
   type JetStreamManager,
+  type JsMsg,
   type KV,
+  type MsgRequest,
   type NatsConnection,
   nanos,
   RetentionPolicy,
@@ -29,6 +31,7 @@ import { EngineUnavailableError } from "../errors.ts";
 import type { HubStore, SinkRecord } from "../federation/sink.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { StreamMessage } from "./foreign.ts";
+import { LiveFeed } from "./live-feed.ts";
 import { KvPositions } from "./positions.ts";
 import type { StreamSource } from "./stream-forwarder.ts";
 import { channelSubject, patternSubject } from "./subjects.ts";
@@ -36,8 +39,19 @@ import { channelSubject, patternSubject } from "./subjects.ts";
 /** The key-value bucket of board positions (keys carry the tier's name, so tiers may share a cluster). */
 export const POSITIONS_BUCKET = "keyop_positions";
 
-/** A session's consumer left behind by a hub that died is removed by the server after this long. */
-const CONSUMER_INACTIVE_MS = 30_000;
+/** Messages a caught-up session may fall behind the live feed before it reads from a consumer of its own again. */
+const TAP_LIMIT = 1024;
+
+function streamMessage(m: JsMsg): StreamMessage & { pending: number } {
+  return {
+    subject: m.subject,
+    data: m.data,
+    seq: m.seq,
+    timestampMs: m.info.timestampNanos / 1e6,
+    pending: m.info.pending,
+    header: (name: string) => m.headers?.get(name) || undefined,
+  };
+}
 
 /** Timings of an engine (tests shorten them). */
 export interface EngineTimings {
@@ -85,15 +99,19 @@ export class JetStreamEngine implements HubStore, StreamSource {
   private reason = "connecting to the cluster";
   private probing: ReturnType<typeof setTimeout> | null = null;
   private kv: KV | null = null;
+  private readonly feeds = new Map<string, Promise<LiveFeed>>();
+  /** The live feeds' loops: awaited at close, so that their consumers are deleted before the connection goes. */
+  private readonly feedLoops = new Set<Promise<void>>();
   private positionStore: KvPositions | null = null;
   private readonly closing = new AbortController();
   private readonly listeners = new Set<(s: EngineState) => void>();
   /**
    * Records stored, records JetStream already had (dropped as duplicates),
-   * publishes sent again, and stream messages boards missed because their
-   * position was older than the stream's first message.
+   * publishes sent again, stream messages boards missed because their
+   * position was older than the stream's first message, consumers made for
+   * sessions that were behind, and switches of sessions to a live feed.
    */
-  readonly stats = { stored: 0, duplicates: 0, retries: 0, expired: 0 };
+  readonly stats = { stored: 0, duplicates: 0, retries: 0, expired: 0, catchUps: 0, live: 0 };
 
   constructor(cfg: JetStreamConfig, logger: Logger, timings: Partial<EngineTimings> = {}) {
     this.cfg = cfg;
@@ -313,39 +331,126 @@ export class JetStreamEngine implements HubStore, StreamSource {
   }
 
   /**
+   * The messages of `stream` from `from` on (matching `filter`), for one
+   * session: from a consumer of its own while it is behind, then from this
+   * hub's live feed of the stream once it has caught up (and back to a
+   * consumer of its own if it falls too far behind the feed).
+   */
+  async *read(stream: string, from: number, filter: string | undefined, signal: AbortSignal): AsyncIterable<StreamMessage & { pending: number }> {
+    const subject = filter ?? `${this.cfg.subjectPrefix}.>`;
+    let next = Math.max(1, from);
+    while (!signal.aborted) {
+      const feed = await this.feedFor(stream);
+      if (feed.isEnded) {
+        // Its consumer stopped; the next call starts another (after a pause, not in a spin).
+        if (this.feeds.get(stream) !== undefined && (await this.feeds.get(stream)) === feed) this.feeds.delete(stream);
+        await Bun.sleep(100);
+        continue;
+      }
+      // Registered before the catch-up: it holds whatever the feed delivers meanwhile.
+      let tap = feed.tap(subject);
+      const end = () => tap.end();
+      signal.addEventListener("abort", end, { once: true });
+      try {
+        if (await this.storedFrom(stream, next, subject)) {
+          for await (const m of this.consume(stream, next, filter, signal)) {
+            if (m.seq < next) continue;
+            next = m.seq + 1;
+            yield m;
+            if (m.pending > 0) continue;
+            // Nothing more stored for this session: what comes next is in the tap, unless it overflowed
+            // meanwhile; then a fresh tap, and the catch-up goes on to the next time it runs dry.
+            if (!tap.overflowed) break;
+            tap.close();
+            tap = feed.tap(subject);
+          }
+        }
+        if (signal.aborted) return;
+        this.stats.live++;
+        for (let m = await tap.next(); m !== null; m = await tap.next()) {
+          if (m.seq < next) continue;
+          next = m.seq + 1;
+          yield { ...m, pending: 0 };
+        }
+        // The tap overflowed (a slow board) or the feed stopped: catch up on a consumer again.
+      } finally {
+        signal.removeEventListener("abort", end);
+        tap.close();
+      }
+    }
+  }
+
+  /** Whether a message matching `subject` is stored at `seq` or after. */
+  private async storedFrom(stream: string, seq: number, subject: string): Promise<boolean> {
+    if (!this.jsm) throw new EngineUnavailableError("jetstream is not connected");
+    try {
+      // STREAM.MSG.GET with next_by_subj (nats-server 2.9): the first matching message at or after seq.
+      await this.jsm.streams.getMessage(stream, { seq, next_by_subj: subject } as unknown as MsgRequest);
+      return true;
+    } catch (err) {
+      if (/no message found/i.test(String(err))) return false;
+      throw err;
+    }
+  }
+
+  /**
    * An ordered consumer from `from`: ephemeral, in memory on one server, no
    * acks (the board's ACKs move its position instead); it re-creates itself
    * where it was after a server or the connection is lost.
    */
-  async *read(stream: string, from: number, filter: string | undefined, signal: AbortSignal): AsyncIterable<StreamMessage & { pending: number }> {
+  private async *consume(stream: string, from: number, filter: string | undefined, signal: AbortSignal): AsyncIterable<StreamMessage & { pending: number }> {
     if (!this.js) throw new EngineUnavailableError("jetstream is not connected");
-    // Deleted when the session ends; the threshold removes it if this hub dies first. (Left to
-    // the library's default of 5 minutes, a fleet of boards on flaky links piled them up.)
+    // Deleted when done: left to the server's inactive threshold, a fleet of boards on flaky links
+    // piled them up. (Only a hub that dies leaves its consumers to it: nats.js gives ordered
+    // consumers 5 minutes, and ignores a shorter one for a consumer that starts at a sequence.)
     const consumer = await this.js.consumers.get(stream, {
       deliver_policy: DeliverPolicy.StartSequence,
       opt_start_seq: Math.max(1, from),
-      inactive_threshold: CONSUMER_INACTIVE_MS,
       ...(filter ? { filterSubjects: filter } : {}),
     });
-    const msgs = await consumer.consume({ max_messages: 256 });
+    // Heartbeats every second: a consumer on a server that died is noticed after two missed ones
+    // and made again where it was (by default that took a minute, and a feed stood still meanwhile).
+    const msgs = await consumer.consume({ max_messages: 256, expires: 10_000, idle_heartbeat: 1000 });
     const stop = () => msgs.stop();
     signal.addEventListener("abort", stop, { once: true });
+    this.stats.catchUps++;
     try {
-      for await (const m of msgs) {
-        yield {
-          subject: m.subject,
-          data: m.data,
-          seq: m.seq,
-          timestampMs: m.info.timestampNanos / 1e6,
-          pending: m.info.pending,
-          header: (name: string) => m.headers?.get(name) || undefined,
-        };
-      }
+      for await (const m of msgs) yield streamMessage(m);
     } finally {
       signal.removeEventListener("abort", stop);
       msgs.stop();
       await consumer.delete().catch(() => {});
     }
+  }
+
+  /** This hub's live feed of `stream`: one ordered consumer from the stream's end, shared by every caught-up session. */
+  private feedFor(stream: string): Promise<LiveFeed> {
+    let f = this.feeds.get(stream);
+    if (!f) {
+      f = this.startFeed(stream);
+      this.feeds.set(stream, f);
+      // A feed that could not start is tried again by the next reader.
+      f.catch(() => this.feeds.delete(stream));
+    }
+    return f;
+  }
+
+  private async startFeed(stream: string): Promise<LiveFeed> {
+    const { last } = await this.bounds(stream);
+    const feed = new LiveFeed(last, TAP_LIMIT);
+    const running = (async () => {
+      try {
+        for await (const m of this.consume(stream, last + 1, undefined, this.closing.signal)) feed.deliver(m);
+      } catch (err) {
+        this.logger.warn("a live feed of a stream stopped (sessions read their own consumers until the next one starts)", { stream, error: String(err) });
+      } finally {
+        if (this.feeds.get(stream) && (await this.feeds.get(stream)) === feed) this.feeds.delete(stream);
+        feed.end();
+      }
+    })();
+    this.feedLoops.add(running);
+    void running.finally(() => this.feedLoops.delete(running));
+    return feed;
   }
 
   /** Closes the connection; later stores reject. */
@@ -354,6 +459,7 @@ export class JetStreamEngine implements HubStore, StreamSource {
     if (this.probing) clearTimeout(this.probing);
     this._state = "closed";
     for (const l of [...this.listeners]) l("closed");
+    await Promise.race([Promise.all(this.feedLoops), Bun.sleep(2000)]);
     const nc = this.nc;
     this.nc = null;
     this.js = null;

@@ -28,3 +28,16 @@ export function subjectChannel(prefix: string, subject: string): string | null {
     return null;
   }
 }
+
+/** Whether a subject matches a NATS subject filter (`*` one token, `>` one or more at the end). */
+export function subjectMatcher(filter: string): (subject: string) => boolean {
+  const f = filter.split(".");
+  const tail = f[f.length - 1] === ">";
+  const fixed = tail ? f.slice(0, -1) : f;
+  return (subject) => {
+    const s = subject.split(".");
+    if (tail ? s.length <= fixed.length : s.length !== fixed.length) return false;
+    for (let i = 0; i < fixed.length; i++) if (fixed[i] !== "*" && fixed[i] !== s[i]) return false;
+    return true;
+  };
+}

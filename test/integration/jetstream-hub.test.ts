@@ -241,6 +241,37 @@ describe("hub tier on JetStream", () => {
     await startHub(i);
   }, 120_000);
 
+  test("a board behind catches up on a consumer of its own while commands keep coming, then joins the hub's live feed: all in order, once", async () => {
+    const js = nc.jetstream();
+    const jsm = await nc.jetstreamManager();
+    const send = async (from: number, n: number) => {
+      for (let i = from; i < from + n; i++) await js.publish("kp.cmd.board.bulk", JSON.stringify({ n: i }));
+    };
+    const liveBefore = (await Promise.all(hubs.map(async (h) => (await api(h!, "GET", "/v1/status")).jetstream.live as number))).reduce((a, b) => a + b, 0);
+    board.child.proc.kill("SIGTERM");
+    await board.child.proc.exited;
+    await send(0, 2000);
+    board = await runAgent(join(dir, "board"), ["--config", boardConfig]);
+    // More arrive while it catches up.
+    await send(2000, 1000);
+    const got = await collect(board, "cmd.board.bulk", "b", 3000, 60_000);
+    expect(got.map((m) => m.payload.n)).toEqual(Array.from({ length: 3000 }, (_, k) => k));
+    expect(new Set(got.map((m) => m.id)).size).toBe(3000);
+    const liveAfter = (await Promise.all(hubs.map(async (h) => (await api(h!, "GET", "/v1/status")).jetstream.live as number))).reduce((a, b) => a + b, 0);
+    expect(liveAfter).toBeGreaterThan(liveBefore);
+    // Caught up, the board costs the cluster no consumer of its own: its filtered catch-up
+    // consumer is gone, and only the hubs' unfiltered live feeds read CMD.
+    const boardConsumers = async () => {
+      let n = 0;
+      for await (const ci of jsm.consumers.list("CMD")) if (ci.config.filter_subject === "kp.cmd.board.>") n++;
+      return n;
+    };
+    await waitFor(async () => (await boardConsumers()) === 0, "the board's catch-up consumer deleted", 10_000, 100);
+    await send(3000, 10);
+    const more = await collect(board, "cmd.board.bulk", "b", 10, 30_000);
+    expect(more.map((m) => m.payload.n)).toEqual(Array.from({ length: 10 }, (_, k) => 3000 + k));
+  }, 120_000);
+
   test("the nats.js example reads the board's telemetry from the stream and sends it a command", async () => {
     const ids = await publish("t.example", 3);
     await drained("t.example");
@@ -269,13 +300,8 @@ describe("hub tier on JetStream", () => {
     await waitFor(async () => (await kv.get("hub.board.SMALL"))?.string() === "5", "the board's position in SMALL is 5", 10_000, 20);
     // The board goes away; 200 more arrive, and the stream's 8 KiB keep only the newest.
     const jsm = await nc.jetstreamManager();
-    const consumers = async () => (await jsm.streams.info("SMALL")).state.consumer_count;
-    const readers = await consumers();
-    expect(readers).toBeGreaterThan(0);
     board.child.proc.kill("SIGTERM");
     await board.child.proc.exited;
-    // The session's consumer goes with it (one of a hub killed earlier may linger until its threshold).
-    await waitFor(async () => (await consumers()) <= readers - 1, "the board's consumer deleted when its session ended", 5000, 50);
     await send(5, 200);
     const first = (await jsm.streams.info("SMALL")).state.first_seq;
     expect(first).toBeGreaterThan(6);
