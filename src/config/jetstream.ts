@@ -33,9 +33,11 @@ export interface JetStreamConfig {
   duplicateWindowMs: number;
   /** Headers on every stored message for readers outside keyop (type, origin, correlation id). */
   headers: boolean;
+  /** How envelopes are stored: as keyop stores them (msgpack), or as the HTTP API's JSON. */
+  format: "msgpack" | "json";
 }
 
-const KEYS = ["servers", "tls", "user", "password", "creds", "subject_prefix", "streams", "duplicate_window", "headers"] as const;
+const KEYS = ["servers", "tls", "user", "password", "creds", "subject_prefix", "streams", "duplicate_window", "headers", "format"] as const;
 const TOKEN = /^[A-Za-z0-9_-]+$/;
 
 /** Reads `hub.jetstream`; `peers` are checked against the streams. */
@@ -118,6 +120,7 @@ export function readJetStream(r: Reader, raw: unknown, peers: PeerConfig[]): Jet
     subjectPrefix,
     streams,
     duplicateWindowMs,
+    format: r.oneOf(o.format, `${path}.format`, ["msgpack", "json"] as const) ?? "msgpack",
     headers: o.headers === undefined ? false : o.headers === true ? true : o.headers === false ? false : (r.fail(`${path}.headers`, "must be true or false") ?? false),
   };
 }

@@ -30,3 +30,17 @@ export function toJson(value: unknown): string {
 export function envelopeJson(msg: Message): string {
   return toJson(toWire(msg));
 }
+
+function reviver(_key: string, value: unknown): unknown {
+  if (value !== null && typeof value === "object" && !Array.isArray(value)) {
+    const o = value as Record<string, unknown>;
+    const keys = Object.keys(o);
+    if (keys.length === 1 && keys[0] === "$base64" && typeof o.$base64 === "string") return new Uint8Array(Buffer.from(o.$base64, "base64"));
+  }
+  return value;
+}
+
+/** The value of JSON text written by `toJson`: `{"$base64": ...}` becomes bytes again. */
+export function fromJson(text: string): unknown {
+  return JSON.parse(text, reviver);
+}

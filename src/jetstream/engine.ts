@@ -18,6 +18,7 @@ import {
   type JetStreamManager,
   type JsMsg,
   type KV,
+  type MsgHdrs,
   type MsgRequest,
   type NatsConnection,
   nanos,
@@ -26,7 +27,8 @@ import {
   type StreamConfig as NatsStreamConfig,
 } from "nats";
 import type { JetStreamConfig, StreamConfig } from "../config/jetstream.ts";
-import { decodeEnvelope } from "../envelope/envelope.ts";
+import { decodeEnvelope, toWire } from "../envelope/envelope.ts";
+import { toJson } from "../envelope/json.ts";
 import { EngineUnavailableError } from "../errors.ts";
 import type { HubStore, SinkRecord } from "../federation/sink.ts";
 import type { Logger } from "../observability/logger.ts";
@@ -41,6 +43,14 @@ export const POSITIONS_BUCKET = "keyop_positions";
 
 /** Messages a caught-up session may fall behind the live feed before it reads from a consumer of its own again. */
 const TAP_LIMIT = 1024;
+
+const utf8 = new TextEncoder();
+
+/** The stored envelope as the HTTP API's JSON (without the seq, which is the stream's). */
+function jsonBody(body: Uint8Array): Uint8Array {
+  const { seq: _seq, ...wire } = toWire(decodeEnvelope(body, 0));
+  return utf8.encode(toJson(wire));
+}
 
 function streamMessage(m: JsMsg): StreamMessage & { pending: number } {
   return {
@@ -273,12 +283,12 @@ export class JetStreamEngine implements HubStore, StreamSource {
     // is what the retries are for; a cluster that stays down fails them (and the session).
     if (this._state === "closed" || !this.js) throw new EngineUnavailableError(`jetstream is not connected: ${this.why}`);
     const subject = channelSubject(this.cfg.subjectPrefix, channel);
-    await Promise.all(records.map((r) => this.publish(subject, r)));
+    const json = this.cfg.format === "json";
+    await Promise.all(records.map((r) => this.publish(subject, json ? { id: r.id, body: jsonBody(r.body) } : r, this.cfg.headers ? this.headersOf(r.body) : undefined)));
   }
 
-  private async publish(subject: string, r: SinkRecord): Promise<void> {
+  private async publish(subject: string, r: SinkRecord, hdrs: MsgHdrs | undefined): Promise<void> {
     const deadline = performance.now() + this.t.retryForMs;
-    const hdrs = this.cfg.headers ? this.headersOf(r.body) : undefined;
     for (let attempt = 0; ; attempt++) {
       const js = this.js;
       if (this._state === "closed" || !js) throw new EngineUnavailableError("engine closed");

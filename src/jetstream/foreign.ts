@@ -6,7 +6,8 @@
  * sequence, so that every hub of the tier gives it the same id and a board
  * that gets it twice (after moving to another hub) drops the second copy.
  */
-import { encodeEnvelope } from "../envelope/envelope.ts";
+import { encodeEnvelope, type EnvelopeFields } from "../envelope/envelope.ts";
+import { fromJson } from "../envelope/json.ts";
 import { channelIs, envelopeId, scanEnvelope, utf8Bytes } from "../envelope/scan.ts";
 import { subjectChannel } from "./subjects.ts";
 
@@ -51,7 +52,13 @@ export function downRecord(m: StreamMessage, o: { prefix: string; stream: string
     const view = scanEnvelope(m.data);
     if (channelIs(m.data, view, utf8Bytes(channel))) return { channel, id: envelopeId(m.data, view), body: m.data };
   } catch {
-    // not an envelope: a message from a plain NATS client, wrapped below
+    // not an envelope as keyop stores it: perhaps one stored as JSON (format: json), else a
+    // message from a plain NATS client, wrapped below
+  }
+  const fromText = jsonEnvelope(m.data, channel);
+  if (fromText) {
+    const body = encodeEnvelope(fromText);
+    return body.length > o.maxBytes ? { skip: `message of ${body.length} bytes exceeds the limit of ${o.maxBytes}` } : { channel, id: fromText.id, body };
   }
   const given = m.header("Nats-Msg-Id");
   const id = given !== undefined && UUID.test(given) ? given.toLowerCase() : streamMessageId(o.stream, m.seq, m.timestampMs);
@@ -74,4 +81,31 @@ export function downRecord(m: StreamMessage, o: { prefix: string; stream: string
   });
   if (body.length > o.maxBytes) return { skip: `message of ${body.length} bytes exceeds the limit of ${o.maxBytes}` };
   return { channel, id, body };
+}
+
+/** The envelope in a stream message stored as the HTTP API's JSON (`format: json`) for `channel`, or null. */
+function jsonEnvelope(data: Uint8Array, channel: string): EnvelopeFields | null {
+  if (data[0] !== 0x7b) return null; // "{"
+  let v: unknown;
+  try {
+    v = fromJson(utf8.decode(data));
+  } catch {
+    return null;
+  }
+  if (v === null || typeof v !== "object" || Array.isArray(v)) return null;
+  const e = v as Record<string, unknown>;
+  const labels = (x: unknown) => x === undefined || typeof x === "string";
+  if (typeof e.id !== "string" || !UUID.test(e.id) || e.channel !== channel || typeof e.origin !== "string" || typeof e.type !== "string") return null;
+  if (typeof e.ts !== "number" || !Array.isArray(e.route) || !e.route.every((r) => typeof r === "string") || !labels(e.correlation_id) || !labels(e.service_name)) return null;
+  return {
+    id: e.id,
+    ts: e.ts,
+    channel,
+    origin: e.origin,
+    type: e.type,
+    correlationId: e.correlation_id as string | undefined,
+    serviceName: e.service_name as string | undefined,
+    route: e.route as string[],
+    payload: e.payload,
+  };
 }

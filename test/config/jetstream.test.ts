@@ -32,10 +32,16 @@ describe("hub.jetstream", () => {
     expect(js.subjectPrefix).toBe("kp");
     expect(js.duplicateWindowMs).toBe(600_000);
     expect(js.headers).toBe(false);
+    expect(js.format).toBe("msgpack");
     expect(js.streams).toEqual([
       { name: "TELEMETRY", channels: ["telemetry.>"], replicas: 3, maxAgeMs: 7 * 86_400_000, maxBytes: 50 * 2 ** 30 },
       { name: "CMD", channels: ["cmd.>"], replicas: 3, maxAgeMs: 7 * 86_400_000, maxBytes: undefined },
     ]);
+  });
+
+  test("format: msgpack or json, nothing else", () => {
+    expect(parseConfig(hubWith({ servers: ["nats://h:4222"], streams: STREAMS, format: "json" })).hub!.jetstream!.format).toBe("json");
+    expect(problems(hubWith({ servers: ["nats://h:4222"], streams: STREAMS, format: "xml" }))).toEqual(["hub.jetstream.format: must be one of msgpack, json"]);
   });
 
   test("a hub without jetstream is as before", () => {

@@ -167,6 +167,14 @@ describe("hub tier on JetStream", () => {
     expect(metrics).toContain("keyop_jetstream_available 1");
   });
 
+  test("a peer rule no stream covers: keyop run refuses to start, exit 2, naming the pattern", async () => {
+    const f = join(dir, "bad-hub.yaml");
+    writeFileSync(f, hubYaml(0).replace('publish: ["t.>"]', 'publish: ["t.>", "logs.>"]'));
+    const r = await cli(["run", "--config", f, "--data-dir", join(dir, "bad-hub"), "--socket", join(dir, "bad-hub.sock")]);
+    expect(r.code).toBe(2);
+    expect(r.err).toContain('hub.peers[0].publish: "logs.>" of peer board is not covered by any one stream of hub.jetstream.streams');
+  });
+
   test("records from a board are stored in the stream once each, subject = prefix + channel, the hub in their route", async () => {
     const ids = await publish("t.up", 500);
     await drained("t.up");
