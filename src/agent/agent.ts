@@ -2,7 +2,7 @@
  * The agent behind `keyop run`: one Messenger on the data directory and the
  * local API on its Unix socket, started and stopped together.
  */
-import { federationGauges, jetstreamGauges, linkJson } from "./federation-view.ts";
+import { federationGauges, jetstreamGauges, jetstreamJson, linkJson } from "./federation-view.ts";
 import { resolve } from "node:path";
 import { ApiServer } from "../api/server.ts";
 import type { AgentConfig } from "../config/schema.ts";
@@ -11,9 +11,8 @@ import { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import { COMMIT, VERSION } from "../version.ts";
 import { expiryWarnings, loadTlsMaterial, type TlsMaterial } from "../pki/tls.ts";
-import { Federation } from "../federation/federation.ts";
-import { JetStreamEngine } from "../jetstream/engine.ts";
-import { jetstreamTier } from "../jetstream/tier.ts";
+import { Federation, type HubTier } from "../federation/federation.ts";
+import type { JetStreamEngine } from "../jetstream/engine.ts";
 import { MqttServer } from "../mqtt/server.ts";
 
 /** Largest NDJSON or msgpack batch body: 16 MiB, or one message if larger. */
@@ -76,14 +75,21 @@ export class Agent {
       // The slow parts first: once the API socket answers, everything the agent offers does.
       if (federated) {
         // The config validation guarantees tls is set whenever hub or links are.
+        let tier: HubTier | undefined;
         if (config.hub?.jetstream) {
-          // Connects and provisions in the background: until the cluster answers, peers are refused.
+          // Loaded only here: a board never pays for the NATS client. Connects and provisions in
+          // the background: until the cluster answers, peers are refused.
+          const [{ JetStreamEngine }, { jetstreamTier }] = await Promise.all([import("../jetstream/engine.ts"), import("../jetstream/tier.ts")]);
           jetstream = new JetStreamEngine(config.hub.jetstream, logger);
           jetstream.start();
+          tier = jetstreamTier(jetstream, {
+            name: messenger.name,
+            window: config.federation.window,
+            maxBatchBytes: config.federation.maxBatchBytes,
+            maxMessageBytes: config.api.maxMessageBytes,
+            logger,
+          });
         }
-        const tier = jetstream
-          ? jetstreamTier(jetstream, { name: messenger.name, window: config.federation.window, maxBatchBytes: config.federation.maxBatchBytes, maxMessageBytes: config.api.maxMessageBytes, logger })
-          : undefined;
         federation = new Federation(messenger, { hub: config.hub, links: config.links, federation: config.federation, dedup: config.dedup, audit: config.audit }, tls!, logger, tier);
         const t0 = performance.now();
         const seeded = await federation.seedDedup();
@@ -139,7 +145,7 @@ export class Agent {
       sync: this.config.storage.sync,
       tls: this.tls ? tlsStatus(this.tls) : null,
       links: this.federation?.links().map(linkJson) ?? [],
-      ...(this.jetstream ? { jetstream: { state: this.jetstream.state, reason: this.jetstream.why || null, ...this.jetstream.stats } } : {}),
+      ...(this.jetstream ? { jetstream: jetstreamJson(this.jetstream) } : {}),
     };
   }
 

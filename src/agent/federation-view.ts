@@ -57,6 +57,16 @@ export function federationGauges(links: LinkInfo[], audit: { failedWrites: numbe
   };
 }
 
+/** A hub tier's engine as `/v1/status` shows it. */
+export function jetstreamJson(e: {
+  state: string;
+  why: string;
+  stats: { stored: number; duplicates: number; retries: number; expired: number; catchUps: number; live: number };
+}): Record<string, unknown> {
+  const s = e.stats;
+  return { state: e.state, reason: e.why || null, stored: s.stored, duplicates: s.duplicates, retries: s.retries, expired: s.expired, catch_ups: s.catchUps, live: s.live };
+}
+
 /** Gauges for a hub tier's JetStream engine: whether it takes writes, and what it did since start. */
 export function jetstreamGauges(state: string, stats: { stored: number; duplicates: number; retries: number; expired: number }): ExtraGauges {
   return {

@@ -5,7 +5,14 @@
  * refused publishes in production, not as a config error.
  */
 import { patternsOverlap, uncovered } from "../envelope/patterns.ts";
-import type { PeerConfig, Reader } from "./schema.ts";
+import type { Reader } from "./reader.ts";
+
+/** What the stream checks need of a peer (hub.peers[]). */
+interface PeerRules {
+  name: string;
+  publish: string[];
+  subscribe: string[];
+}
 
 /** One stream the hub provisions and stores channels in. */
 export interface StreamConfig {
@@ -41,7 +48,7 @@ const KEYS = ["servers", "tls", "user", "password", "creds", "subject_prefix", "
 const TOKEN = /^[A-Za-z0-9_-]+$/;
 
 /** Reads `hub.jetstream`; `peers` are checked against the streams. */
-export function readJetStream(r: Reader, raw: unknown, peers: PeerConfig[]): JetStreamConfig | undefined {
+export function readJetStream(r: Reader, raw: unknown, peers: PeerRules[]): JetStreamConfig | undefined {
   const path = "hub.jetstream";
   const o = r.obj(raw, path, KEYS);
   if (!o) return undefined;
