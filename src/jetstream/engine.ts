@@ -41,6 +41,19 @@ import { channelSubject, patternSubject } from "./subjects.ts";
 /** The key-value bucket of board positions (keys carry the tier's name, so tiers may share a cluster). */
 export const POSITIONS_BUCKET = "keyop_positions";
 
+/** How long making a consumer may take before the session reading it gives up. */
+const CONSUMER_START_MS = 15_000;
+
+/** `p`, or an EngineUnavailableError after `ms`. */
+async function withDeadline<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    return await Promise.race([p, new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new EngineUnavailableError(what)), ms)))]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 /** Messages a caught-up session may fall behind the live feed before it reads from a consumer of its own again. */
 const TAP_LIMIT = 1024;
 
@@ -413,14 +426,23 @@ export class JetStreamEngine implements HubStore, StreamSource {
     // Deleted when done: left to the server's inactive threshold, a fleet of boards on flaky links
     // piled them up. (Only a hub that dies leaves its consumers to it: nats.js gives ordered
     // consumers 5 minutes, and ignores a shorter one for a consumer that starts at a sequence.)
-    const consumer = await this.js.consumers.get(stream, {
-      deliver_policy: DeliverPolicy.StartSequence,
-      opt_start_seq: Math.max(1, from),
-      ...(filter ? { filterSubjects: filter } : {}),
-    });
-    // Heartbeats every second: a consumer on a server that died is noticed after two missed ones
-    // and made again where it was (by default that took a minute, and a feed stood still meanwhile).
-    const msgs = await consumer.consume({ max_messages: 256, expires: 10_000, idle_heartbeat: 1000 });
+    const js = this.js;
+    // Bounded: during a leader election the library can wait a long time to make a consumer; the
+    // session then ends (unavailable) and the board comes back, rather than standing still.
+    const { consumer, msgs } = await withDeadline(
+      (async () => {
+        const consumer = await js.consumers.get(stream, {
+          deliver_policy: DeliverPolicy.StartSequence,
+          opt_start_seq: Math.max(1, from),
+          ...(filter ? { filterSubjects: filter } : {}),
+        });
+        // Heartbeats every second: a consumer on a server that died is noticed after two missed
+        // ones and made again where it was (by default that took a minute, and a feed stood still).
+        return { consumer, msgs: await consumer.consume({ max_messages: 256, expires: 10_000, idle_heartbeat: 1000 }) };
+      })(),
+      CONSUMER_START_MS,
+      `no consumer of ${stream} within ${CONSUMER_START_MS} ms`,
+    );
     const stop = () => msgs.stop();
     signal.addEventListener("abort", stop, { once: true });
     this.stats.catchUps++;
