@@ -88,9 +88,15 @@ export interface EngineTimings {
   retryForMs: number;
   /** While unavailable, how often the engine asks the cluster whether it takes writes again. */
   probeMs: number;
+  /**
+   * While available, how often it asks whether the cluster still has its
+   * quorum: a hub whose server is up but whose cluster lost quorum would
+   * otherwise take sessions it cannot store for, until a publish failed.
+   */
+  healthMs: number;
 }
 
-export const DEFAULT_TIMINGS: EngineTimings = { publishTimeoutMs: 2000, retryForMs: 15_000, probeMs: 1000 };
+export const DEFAULT_TIMINGS: EngineTimings = { publishTimeoutMs: 2000, retryForMs: 15_000, probeMs: 1000, healthMs: 5000 };
 
 /** What the engine is doing, for status and for a hub deciding whether to take a session. */
 export type EngineState = "connecting" | "available" | "unavailable" | "closed";
@@ -121,6 +127,7 @@ export class JetStreamEngine implements HubStore, StreamSource {
   private _state: EngineState = "connecting";
   private reason = "connecting to the cluster";
   private probing: ReturnType<typeof setTimeout> | null = null;
+  private checking: ReturnType<typeof setTimeout> | null = null;
   private kv: KV | null = null;
   private readonly feeds = new Map<string, Promise<LiveFeed>>();
   /** The live feeds' loops: awaited at close, so that their consumers are deleted before the connection goes. */
@@ -194,6 +201,24 @@ export class JetStreamEngine implements HubStore, StreamSource {
     else if (s === "unavailable") this.logger.warn("jetstream unavailable: sessions are refused and nothing is acknowledged until it is back", { reason: this.reason });
     for (const l of [...this.listeners]) l(s);
     if (s === "unavailable") this.probeSoon();
+    if (s === "available") this.checkSoon();
+  }
+
+  /** While available: asks the JetStream meta leader (which needs a quorum) for the account's info. */
+  private checkSoon(): void {
+    if (this.checking || this._state !== "available" || !this.jsm) return;
+    this.checking = setTimeout(async () => {
+      this.checking = null;
+      const jsm = this.jsm;
+      if (!jsm || this._state !== "available") return;
+      try {
+        await jsm.getAccountInfo();
+        this.checkSoon();
+      } catch (err) {
+        if ((this._state as EngineState) === "available") this.setState("unavailable", `the cluster does not answer (quorum lost?): ${String(err)}`);
+      }
+    }, this.t.healthMs);
+    this.checking.unref?.();
   }
 
   private async run(): Promise<void> {
@@ -489,6 +514,7 @@ export class JetStreamEngine implements HubStore, StreamSource {
   async close(): Promise<void> {
     this.closing.abort();
     if (this.probing) clearTimeout(this.probing);
+    if (this.checking) clearTimeout(this.checking);
     this._state = "closed";
     for (const l of [...this.listeners]) l("closed");
     await Promise.race([Promise.all(this.feedLoops), Bun.sleep(2000)]);

@@ -355,21 +355,29 @@ describe("hub tier on JetStream", () => {
     expect(audit).toContain(`"skipped":${first - 6}`);
   }, 60_000);
 
-  test("the whole cluster down: hubs refuse the board (unavailable), it keeps its backlog; back up: the backlog drains exactly once", async () => {
-    for (const n of cluster.nodes) await cluster.stopNode(n.name, "SIGKILL");
+  test("quorum lost, then the whole cluster down: hubs refuse the board (unavailable), it keeps its backlog; back up: the backlog drains exactly once", async () => {
+    // Two of three servers gone: the one left still answers the hubs, but no stream has a leader.
+    await cluster.stopNode("n1", "SIGKILL");
+    await cluster.stopNode("n2", "SIGKILL");
     const ids = await publish("t.outage", 3000);
+    const refused = async () => {
+      const l = (await api(board, "GET", "/v1/status")).links[0];
+      return l.state !== "open" && /unavailable/.test(l.last_error ?? "");
+    };
+    await waitFor(refused, "the board is refused with unavailable (quorum lost)", 60_000, 100);
+    // Both hubs know, the one that was not storing for anybody too (it asks every 5 s).
+    await waitFor(async () => (await Promise.all(hubs.map(async (h) => (await api(h!, "GET", "/v1/status")).jetstream.state))).every((st) => st !== "available"), "neither hub available", 20_000, 100);
+    // And then the last one: the cluster is unreachable.
+    await cluster.stopNode("n3", "SIGKILL");
     await waitFor(
-      async () => {
-        const l = (await api(board, "GET", "/v1/status")).links[0];
-        return l.state !== "open" && /unavailable/.test(l.last_error ?? "");
-      },
-      "the board is refused with unavailable",
-      60_000,
+      async () => (await Promise.all(hubs.map(async (h) => (await api(h!, "GET", "/v1/status")).jetstream.state))).every((st) => st === "unavailable"),
+      "both hubs see the cluster gone",
+      30_000,
       100,
     );
+    expect(await refused()).toBe(true);
     const waiting = (await api(board, "GET", "/v1/status")).links[0].backlog.find((b: { channel: string }) => b.channel === "t.outage");
     expect(waiting.messages).toBe(3000);
-    for (const h of hubs) expect((await api(h!, "GET", "/v1/status")).jetstream.state).not.toBe("available");
     for (const n of cluster.nodes) cluster.startNode(n.name);
     await cluster.waitReady(60_000);
     await drained("t.outage", 90_000);
