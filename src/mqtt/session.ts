@@ -53,7 +53,13 @@ export interface Wire {
 
 /** Durable subscriber name of a persistent MQTT session. */
 export function sessionName(clientId: string): string {
-  return `mqtt.${clientId}`;
+  // Three disjoint forms, so no two ids share a session: readable for the ids that were always
+  // allowed ("mqtt." + id), hex of the UTF-8 for any other id short enough ("mqtt-x."), and a
+  // SHA-256 for a longer one ("mqtt-h.": names are at most 128 bytes).
+  if (PLAIN_CLIENT_ID.test(clientId)) return `mqtt.${clientId}`;
+  const bytes = new TextEncoder().encode(clientId);
+  if (bytes.length <= 56) return `mqtt-x.${Buffer.from(bytes).toString("hex")}`;
+  return `mqtt-h.${new Bun.CryptoHasher("sha256").update(bytes).digest("hex")}`;
 }
 
 /**
@@ -68,7 +74,8 @@ const PUMP_PACKETS = 16;
 /** Parsed packets allowed to wait: past this a turn handles the excess too (a flooding client). */
 const MAX_WAITING_PACKETS = 1024;
 
-const CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
+/** Client ids kept as they are in their session's name (what keyop accepted before any UTF-8 id). */
+const PLAIN_CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
 
 /** A QoS 1 message sent to the client and not yet acknowledged. */
 interface InFlight {
@@ -346,7 +353,8 @@ export class MqttSession {
       id = `anon-${Bun.randomUUIDv7()}`;
       this.assignedId = true;
     }
-    if (!CLIENT_ID.test(id)) return refuse(0x85, 2, `client id "${id}" must be 1-100 of [A-Za-z0-9_.-]`);
+    // Any UTF-8 string MQTT allows (MAC addresses, "device/42", spaces, non-ASCII); U+0000 it does not.
+    if (id.includes("\u0000")) return refuse(0x85, 2, "a client id must not hold U+0000");
     this.clientId = id;
     const cleanStart = p.clean !== false;
     // 3.1.1: clean session 0 keeps the session for mqtt.session_expiry. MQTT 5: clean start and
@@ -569,7 +577,7 @@ export class MqttSession {
     }
     const m = this.host.messenger;
     // Persistent: a durable subscriber (messages kept while the client is away). Otherwise live only.
-    const sub = durable ? m.openSubscriber(pattern, sessionName(this.clientId), { from: "latest" }) : m.openVolatileSubscriber(pattern, `mqtt.${this.clientId}.${Bun.randomUUIDv7()}`);
+    const sub = durable ? m.openSubscriber(pattern, sessionName(this.clientId), { from: "latest" }) : m.openVolatileSubscriber(pattern, `${sessionName(this.clientId)}.${Bun.randomUUIDv7()}`);
     const d = new MqttSubscription(this, sub, pattern, qos, durable);
     this.subscriptions.set(pattern, d);
     d.start();

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import mqtt from "mqtt-packet";
 import mqttjs from "mqtt";
 import type { Packet } from "mqtt-packet";
-import { MqttSession } from "../../src/mqtt/session.ts";
+import { MqttSession, sessionName } from "../../src/mqtt/session.ts";
 import { join } from "node:path";
 import { startTestAgent, tmpDir, waitFor, type TestAgent } from "../helpers.ts";
 
@@ -234,6 +234,26 @@ describe("MQTT session expiry", () => {
       expect((await connackOf(late)).sessionPresent).toBe(false);
       await late.endAsync();
     }
+  });
+
+  test("client ids real devices use (a MAC address, a path, spaces, non-ASCII, very long) keep persistent sessions, none shared", async () => {
+    const ids = ["aa:bb:cc:dd:ee:ff", "device/42", "clean retained", "capteur-é-温度", "#+/", "x".repeat(300), `${"x".repeat(299)}y`];
+    for (const id of ids) {
+      const c = await connect({ clientId: id, clean: false, protocolVersion: 4 });
+      await c.subscribeAsync(`ids/${ids.indexOf(id)}`, { qos: 1 });
+      await c.endAsync();
+    }
+    for (const [i, id] of ids.entries()) {
+      await x.call("POST", `/v1/channels/ids.${i}/messages`, JSON.stringify({ type: "t", payload: `for ${i}` }));
+      const back = mqttjs.connect(`mqtt://127.0.0.1:${xport}`, { reconnectPeriod: 0, clientId: id, clean: false, protocolVersion: 4 });
+      const got = new Promise<string>((r) => back.once("message", (_t, m) => r(m.toString())));
+      expect((await connackOf(back)).sessionPresent).toBe(true);
+      // Its own session only: the message of its own subscription, kept while it was away.
+      expect(await got).toBe(`for ${i}`);
+      await back.endAsync();
+    }
+    const names = ids.map(sessionName);
+    expect(new Set(names).size).toBe(ids.length);
   });
 
   test("MQTT 5 clean start 1 drops what an earlier session of the id kept before the new one is served", async () => {
