@@ -16,7 +16,7 @@ import { decodeFast, encodePublish, type Frame, MqttFramer, MqttFrameError } fro
 import { MqttSubscription, type SentFrom } from "./subscription.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
-import { channelToTopic, filterToPattern, topicToChannel } from "./topics.ts";
+import { channelToTopic, filterToPattern, hiddenFromWildcard, topicToChannel } from "./topics.ts";
 import type { RetainedStore } from "./retained.ts";
 import type { SessionStore } from "./session-store.ts";
 import { compilePattern, compileRules } from "../envelope/names.ts";
@@ -528,7 +528,7 @@ export class MqttSession {
     // lower of its QoS and the subscription's; QoS 1 ones within the in-flight window.
     for (const [pattern, granted] of retained) {
       const m = compilePattern(pattern);
-      for (const [channel, r] of this.host.retained.matching((c) => m(c) && this.mayReceive(c))) {
+      for (const [channel, r] of this.host.retained.matching((c) => m(c) && this.mayReceive(c) && !hiddenFromWildcard(pattern, c))) {
         this.retainedOut.push({ channel, payload: r.payload, qos: Math.min(r.qos, granted) as 0 | 1 });
       }
     }
@@ -608,7 +608,7 @@ export class MqttSession {
   deliver(m: Message, qos: 0 | 1, from: SentFrom | null): void {
     const topic = channelToTopic(m.channel);
     const payload = bytesOf(m.payload);
-    if (!this.fits(topic, payload.length, qos)) {
+    if (!this.fits(topic, payload.length, qos) || (from && hiddenFromWildcard(from.subscription.pattern, m.channel))) {
       // Counted as delivered: the cursor moves past it.
       if (qos === 1 && from) from.subscription.acked(from.delivery);
       return;

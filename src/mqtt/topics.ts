@@ -1,25 +1,58 @@
 /**
- * MQTT topics and keyop channels are the same names written two ways:
- * `/` separates levels in MQTT and `.` in keyop; the wildcards `+` and `#`
- * are keyop's `*` and `>`. A topic that maps to no valid channel name (an
- * empty level, a `.` inside a level, a `$SYS` topic...) is refused rather
- * than stored under a name nobody could subscribe to.
+ * MQTT topics and keyop channels (docs/mqtt.md, "Topics"): `/` separates
+ * levels in MQTT and `.` in keyop, and `+` and `#` are keyop's `*` and `>`.
+ * A level that is a channel token as it is (`[A-Za-z0-9_-]+`, not starting
+ * with `--`) stays as it is, so `sensors/kitchen/temp` is still
+ * `sensors.kitchen.temp`. Any other level (empty, with `.`, spaces, `$`,
+ * any UTF-8) becomes `--` and the hex of its UTF-8: `/TopicA` is
+ * `--.TopicA`, `a//b` is `a.--.b`. No plain token starts with `--`, so the
+ * mapping is injective and every topic comes back unchanged, across
+ * federation too. A last level `dead-letter` is escaped as well: channels
+ * ending so are keyop's own dead letters.
  */
-import { assertChannel, assertPattern } from "../envelope/names.ts";
+import { assertChannel, assertPattern, DEAD_LETTER_SUFFIX } from "../envelope/names.ts";
 import { InvalidArgumentError } from "../errors.ts";
 
-/** The channel of an MQTT topic name; throws InvalidArgumentError if there is none. */
+const TOKEN = /^[A-Za-z0-9_-]+$/;
+const ESCAPE = "--";
+const DEAD = DEAD_LETTER_SUFFIX.slice(1);
+const utf8 = new TextEncoder();
+const fromUtf8 = new TextDecoder("utf-8", { fatal: true });
+
+/** The channel token of one topic level. */
+export function levelToken(level: string, last: boolean): string {
+  if (TOKEN.test(level) && !level.startsWith(ESCAPE) && !(last && level === DEAD)) return level;
+  return ESCAPE + Buffer.from(utf8.encode(level)).toString("hex");
+}
+
+/** The topic level of one channel token. */
+export function tokenLevel(token: string): string {
+  if (!token.startsWith(ESCAPE)) return token;
+  const hex = token.slice(ESCAPE.length);
+  if (!/^(?:[0-9a-f]{2})*$/.test(hex)) return token; // not made by levelToken: shown as it is
+  try {
+    return fromUtf8.decode(Buffer.from(hex, "hex"));
+  } catch {
+    return token;
+  }
+}
+
+/** The channel of an MQTT topic name; throws InvalidArgumentError (or InvalidChannelError: too long) if there is none. */
 export function topicToChannel(topic: string): string {
-  if (topic.includes(".")) throw new InvalidArgumentError(`MQTT topic "${topic}" has a "." inside a level`);
+  if (topic.length === 0) throw new InvalidArgumentError("an MQTT topic name may not be empty");
   if (topic.includes("+") || topic.includes("#")) throw new InvalidArgumentError(`MQTT topic name "${topic}" may not hold wildcards`);
-  const channel = topic.split("/").join(".");
+  if (topic.includes("\u0000")) throw new InvalidArgumentError("an MQTT topic may not hold U+0000");
+  if (topic.startsWith("$SYS")) throw new InvalidArgumentError(`"${topic}": $SYS topics are the broker's`);
+  const levels = topic.split("/");
+  const channel = levels.map((l, i) => levelToken(l, i === levels.length - 1)).join(".");
   assertChannel(channel);
   return channel;
 }
 
-/** The subscription pattern of an MQTT topic filter; throws InvalidArgumentError if there is none. */
+/** The subscription pattern of an MQTT topic filter; throws InvalidArgumentError (or InvalidPatternError) if there is none. */
 export function filterToPattern(filter: string): string {
-  if (filter.includes(".")) throw new InvalidArgumentError(`MQTT topic filter "${filter}" has a "." inside a level`);
+  if (filter.length === 0) throw new InvalidArgumentError("an MQTT topic filter may not be empty");
+  if (filter.includes("\u0000")) throw new InvalidArgumentError("an MQTT topic filter may not hold U+0000");
   const levels = filter.split("/");
   const mapped = levels.map((l, i) => {
     if (l === "+") return "*";
@@ -28,7 +61,7 @@ export function filterToPattern(filter: string): string {
       return ">";
     }
     if (l.includes("+") || l.includes("#")) throw new InvalidArgumentError(`wildcards must fill a whole level in "${filter}"`);
-    return l;
+    return levelToken(l, i === levels.length - 1);
   });
   const pattern = mapped.join(".");
   assertPattern(pattern);
@@ -37,5 +70,17 @@ export function filterToPattern(filter: string): string {
 
 /** The MQTT topic name of a channel. */
 export function channelToTopic(channel: string): string {
-  return channel.split(".").join("/");
+  return channel.split(".").map(tokenLevel).join("/");
+}
+
+/**
+ * Whether a subscription of `pattern` must not get `channel`: a filter that
+ * starts with a wildcard never matches a topic starting with `$`
+ * (MQTT-4.7.2-1), though the pattern it maps to matches its channel.
+ */
+export function hiddenFromWildcard(pattern: string, channel: string): boolean {
+  const first = pattern.split(".", 1)[0];
+  if (first !== "*" && first !== ">") return false;
+  const token = channel.split(".", 1)[0]!;
+  return token.startsWith(`${ESCAPE}24`) && tokenLevel(token).startsWith("$");
 }

@@ -256,6 +256,24 @@ describe("MQTT session expiry", () => {
     expect(new Set(names).size).toBe(ids.length);
   });
 
+  test("topics with empty levels, a leading /, dots, spaces and $ work end to end; # does not get $ topics, $foo/# does", async () => {
+    const all: string[] = [];
+    const dollar: string[] = [];
+    const wild = await connect({ clientId: "topics-all", clean: true });
+    wild.on("message", (t) => all.push(t));
+    await wild.subscribeAsync("#", { qos: 1 });
+    const dol = await connect({ clientId: "topics-dollar", clean: true });
+    dol.on("message", (t) => dollar.push(t));
+    await dol.subscribeAsync("$foo/#", { qos: 1 });
+    const pub = await connect({ clientId: "topics-pub", clean: true, protocolVersion: 5 });
+    const topics = ["/TopicA", "a//b", "client_test5//TopicA", "a.b/c d", "capteur/é", "a/b/", "$foo/bar"];
+    for (const t of topics) await pub.publishAsync(t, "x", { qos: 1 });
+    await waitFor(() => all.length >= topics.length - 1 && dollar.length >= 1, "every topic delivered", 10_000, 20);
+    expect(all.sort()).toEqual(topics.filter((t) => !t.startsWith("$")).sort());
+    expect(dollar).toEqual(["$foo/bar"]);
+    for (const c of [wild, dol, pub]) await c.endAsync();
+  });
+
   test("MQTT 5 clean start 1 drops what an earlier session of the id kept before the new one is served", async () => {
     const c = await connect({ clientId: "v5-restart", clean: false, protocolVersion: 5, properties: { sessionExpiryInterval: 60 } });
     await c.subscribeAsync("exp/restart", { qos: 1 });

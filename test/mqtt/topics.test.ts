@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { channelToTopic, filterToPattern, topicToChannel } from "../../src/mqtt/topics.ts";
+import { channelToTopic, filterToPattern, hiddenFromWildcard, topicToChannel } from "../../src/mqtt/topics.ts";
 import { pubackBytes } from "../../src/mqtt/payload.ts";
 import mqtt from "mqtt-packet";
 
@@ -14,6 +14,47 @@ describe("MQTT topics and keyop channels", () => {
     expect(filterToPattern("sensors/#")).toBe("sensors.>");
   });
 
+  test("every level a broker must take has a channel, and comes back unchanged", () => {
+    const topics = ["/TopicA", "a//b", "a/b/", "/", "//", "a.b/c", "client_test5//TopicA", "$foo/bar", "dev 1/temp", "capteur/é/温度", "--x/y", "a/dead-letter", "dead-letter/a", "a/--"];
+    const channels = topics.map(topicToChannel);
+    expect(new Set(channels).size).toBe(topics.length);
+    for (const [i, c] of channels.entries()) expect(channelToTopic(c)).toBe(topics[i]!);
+    expect(topicToChannel("/TopicA")).toBe("--.TopicA");
+    expect(topicToChannel("a//b")).toBe("a.--.b");
+    expect(topicToChannel("a.b/c")).toBe("--612e62.c");
+    // A last level "dead-letter" is not keyop's dead-letter channel of "a".
+    expect(topicToChannel("a/dead-letter")).not.toBe("a.dead-letter");
+    expect(topicToChannel("dead-letter/a")).toBe("dead-letter.a");
+  });
+
+  test("round trip over random topics: injective and reversible", () => {
+    let seed = 11;
+    const rnd = (n: number) => (seed = (seed * 1_103_515_245 + 12_345) & 0x7fffffff) % n;
+    const alphabet = ["a", "B", "7", "_", "-", ".", " ", "$", "é", "/", "/", "--", "dead-letter"];
+    const seen = new Map<string, string>();
+    for (let k = 0; k < 3000; k++) {
+      let t = "";
+      for (let j = 1 + rnd(8); j > 0; j--) t += alphabet[rnd(alphabet.length)];
+      if (t.startsWith("$SYS")) continue;
+      const c = topicToChannel(t);
+      expect(channelToTopic(c)).toBe(t);
+      const other = seen.get(c);
+      if (other !== undefined) expect(other).toBe(t);
+      seen.set(c, t);
+    }
+  });
+
+  test("filters map level by level too, with + and #; a filter starting with a wildcard does not get $ topics", () => {
+    expect(filterToPattern("/+/x")).toBe("--.*.x");
+    expect(filterToPattern("a//#")).toBe("a.--.>");
+    expect(filterToPattern("client_test5//TopicA")).toBe(topicToChannel("client_test5//TopicA"));
+    const dollar = topicToChannel("$foo/bar");
+    expect(hiddenFromWildcard(filterToPattern("#"), dollar)).toBe(true);
+    expect(hiddenFromWildcard(filterToPattern("+/bar"), dollar)).toBe(true);
+    expect(hiddenFromWildcard(filterToPattern("$foo/#"), dollar)).toBe(false);
+    expect(hiddenFromWildcard(filterToPattern("#"), topicToChannel("foo/bar"))).toBe(false);
+  });
+
   test("what maps to no channel is refused with a typed error", () => {
     const codeOf = (f: () => unknown) => {
       try {
@@ -23,10 +64,10 @@ describe("MQTT topics and keyop channels", () => {
       }
       return "accepted";
     };
-    const topics = ["a.b/c", "a//b", "/a", "a/+", "a/#", "$SYS/x"].map((t) => codeOf(() => topicToChannel(t)));
-    expect(topics).toEqual(["invalid_argument", "invalid_channel", "invalid_channel", "invalid_argument", "invalid_argument", "invalid_channel"]);
-    const filters = ["a/#/b", "a/b+", "a.b/#", "a//+"].map((f) => codeOf(() => filterToPattern(f)));
-    expect(filters).toEqual(["invalid_argument", "invalid_argument", "invalid_argument", "invalid_pattern"]);
+    const topics = ["a/+", "a/#", "$SYS/x", "", "a\u0000b", "x/".repeat(200)].map((t) => codeOf(() => topicToChannel(t)));
+    expect(topics).toEqual(["invalid_argument", "invalid_argument", "invalid_argument", "invalid_argument", "invalid_argument", "invalid_channel"]);
+    const filters = ["a/#/b", "a/b+", ""].map((f) => codeOf(() => filterToPattern(f)));
+    expect(filters).toEqual(["invalid_argument", "invalid_argument", "invalid_argument"]);
   });
 });
 
