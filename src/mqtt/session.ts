@@ -366,7 +366,11 @@ export class MqttSession {
       try {
         topicToChannel(this.will.topic);
       } catch (err) {
-        return refuse(0x90, 2, `will topic: ${String(err)}`);
+        // MQTT 5 says why (topic name invalid); 3.1.1 has no code for it (2 would blame the client
+        // id), so the connection closes, as for a publish to a bad topic.
+        if (this.version === 5) return refuse(0x90, 2, `will topic: ${String(err)}`);
+        this.host.logger.warn("mqtt connect refused", { client: p.clientId, reason: `will topic: ${String(err)}` });
+        return this.shutdown(false);
       }
     }
     this.keepalive = p.keepalive ?? 0;

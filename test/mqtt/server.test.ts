@@ -256,6 +256,32 @@ describe("MQTT session expiry", () => {
     expect(new Set(names).size).toBe(ids.length);
   });
 
+  test("will topics are checked like any topic: an empty level is fine; a bad one is refused as a bad topic, not a bad client id", async () => {
+    const ok = await connect({ clientId: "will-ok", clean: true, protocolVersion: 5, will: { topic: "client_test5//TopicA", payload: Buffer.from("w"), qos: 1, retain: false } });
+    await ok.endAsync();
+    const v5 = mqttjs.connect(`mqtt://127.0.0.1:${xport}`, {
+      reconnectPeriod: 0,
+      clientId: "will-bad5",
+      protocolVersion: 5,
+      will: { topic: "$SYS/x", payload: Buffer.from("w"), qos: 1, retain: false },
+    });
+    const code5 = await new Promise<number | undefined>((r) => v5.once("error", (e) => r((e as { code?: number }).code)));
+    expect(code5).toBe(0x90);
+    v5.end(true);
+    const v4 = mqttjs.connect(`mqtt://127.0.0.1:${xport}`, {
+      reconnectPeriod: 0,
+      clientId: "will-bad4",
+      protocolVersion: 4,
+      will: { topic: "$SYS/x", payload: Buffer.from("w"), qos: 1, retain: false },
+    });
+    let connack: number | undefined;
+    v4.on("error", (e) => (connack = (e as { code?: number }).code));
+    await new Promise<void>((r) => v4.once("close", () => r()));
+    // Closed without CONNACK 2 ("identifier rejected"): 3.1.1 has no code for a bad topic.
+    expect(connack).toBeUndefined();
+    v4.end(true);
+  });
+
   test("topics with empty levels, a leading /, dots, spaces and $ work end to end; # does not get $ topics, $foo/# does", async () => {
     const all: string[] = [];
     const dollar: string[] = [];
