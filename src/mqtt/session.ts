@@ -16,7 +16,7 @@ import { decodeFast, encodePublish, type Frame, MqttFramer, MqttFrameError } fro
 import { MqttSubscription, type SentFrom } from "./subscription.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
-import { channelToTopic, filterToPattern, hiddenFromWildcard, topicToChannel } from "./topics.ts";
+import { channelToTopic, filterToPatterns, hiddenFromWildcard, topicToChannel } from "./topics.ts";
 import type { RetainedStore } from "./retained.ts";
 import type { SessionStore } from "./session-store.ts";
 import { compilePattern, compileRules } from "../envelope/names.ts";
@@ -514,9 +514,9 @@ export class MqttSession {
     const granted: number[] = [];
     const retained: [string, 0 | 1][] = [];
     for (const s of p.subscriptions) {
-      let pattern: string;
+      let patterns: string[];
       try {
-        pattern = filterToPattern(s.topic);
+        patterns = filterToPatterns(s.topic);
       } catch (err) {
         this.host.logger.warn("mqtt subscription refused", { client: this.clientId, filter: s.topic, error: String(err) });
         granted.push(this.version === 5 ? 0x8f : 0x80);
@@ -524,8 +524,10 @@ export class MqttSession {
       }
       const qos = (s.qos >= 1 ? 1 : 0) as 0 | 1; // QoS 2 is granted as 1
       granted.push(qos);
-      this.startSubscription(pattern, qos);
-      retained.push([pattern, qos]);
+      for (const pattern of patterns) {
+        this.startSubscription(pattern, qos);
+        retained.push([pattern, qos]);
+      }
     }
     this.send({ cmd: "suback", messageId: p.messageId, granted } as Packet);
     // Then the retained message of every channel each new subscription matches, retain set, at the
@@ -588,13 +590,13 @@ export class MqttSession {
   }
 
   private unsubscribe(p: IUnsubscribePacket): void {
-    for (const filter of p.unsubscriptions) {
-      let pattern: string;
+    for (const pattern of p.unsubscriptions.flatMap((filter) => {
       try {
-        pattern = filterToPattern(filter);
+        return filterToPatterns(filter);
       } catch {
-        continue;
+        return [];
       }
+    })) {
       const d = this.subscriptions.get(pattern);
       if (!d) continue;
       d.stop();

@@ -68,6 +68,18 @@ export function filterToPattern(filter: string): string {
   return pattern;
 }
 
+/**
+ * The patterns a filter subscribes to: its own, and for a filter ending in
+ * `/#` also its parent's, since MQTT's `sport/#` matches `sport` itself and
+ * keyop's `sport.>` does not.
+ */
+export function filterToPatterns(filter: string): string[] {
+  const pattern = filterToPattern(filter);
+  const parent = filter.endsWith("/#") ? filter.slice(0, -2) : "";
+  // (Mapped as a filter of its own: its last level is then the last one, as in the topic.)
+  return parent === "" ? [pattern] : [pattern, filterToPattern(parent)];
+}
+
 /** The MQTT topic name of a channel. */
 export function channelToTopic(channel: string): string {
   return channel.split(".").map(tokenLevel).join("/");

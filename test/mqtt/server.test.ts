@@ -282,6 +282,30 @@ describe("MQTT session expiry", () => {
     v4.end(true);
   });
 
+  test("sport/# gets sport itself too, live and retained; unsubscribing it stops both", async () => {
+    const pub = await connect({ clientId: "parent-pub", clean: true });
+    await pub.publishAsync("sport", "retained parent", { qos: 1, retain: true });
+    const got: string[] = [];
+    const sub = await connect({ clientId: "parent-sub", clean: true });
+    sub.on("message", (t, m) => got.push(`${t}=${m}`));
+    await sub.subscribeAsync("sport/#", { qos: 1 });
+    await waitFor(() => got.length >= 1, "the retained message of sport", 5000, 20);
+    await pub.publishAsync("sport", "live parent", { qos: 1 });
+    await pub.publishAsync("sport/tennis", "child", { qos: 1 });
+    await waitFor(() => got.length >= 3, "parent and child", 5000, 20);
+    expect(got).toEqual(["sport=retained parent", "sport=live parent", "sport/tennis=child"]);
+    await sub.unsubscribeAsync("sport/#");
+    await pub.publishAsync("sport", "after", { qos: 1 });
+    await pub.publishAsync("sport/x", "after", { qos: 1 });
+    const marker = await connect({ clientId: "parent-marker", clean: true });
+    await sub.subscribeAsync("marker", { qos: 1 });
+    await marker.publishAsync("marker", "m", { qos: 1 });
+    await waitFor(() => got.includes("marker=m"), "the marker after the unsubscribe", 5000, 20);
+    expect(got.filter((g) => g.endsWith("=after"))).toEqual([]);
+    await pub.publishAsync("sport", "", { qos: 1, retain: true }); // clears the retained message for the tests after
+    for (const c of [pub, sub, marker]) await c.endAsync();
+  });
+
   test("topics with empty levels, a leading /, dots, spaces and $ work end to end; # does not get $ topics, $foo/# does", async () => {
     const all: string[] = [];
     const dollar: string[] = [];

@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { channelToTopic, filterToPattern, hiddenFromWildcard, topicToChannel } from "../../src/mqtt/topics.ts";
+import { channelToTopic, filterToPattern, filterToPatterns, hiddenFromWildcard, topicToChannel } from "../../src/mqtt/topics.ts";
 import { pubackBytes } from "../../src/mqtt/payload.ts";
 import mqtt from "mqtt-packet";
 
@@ -53,6 +53,15 @@ describe("MQTT topics and keyop channels", () => {
     expect(hiddenFromWildcard(filterToPattern("+/bar"), dollar)).toBe(true);
     expect(hiddenFromWildcard(filterToPattern("$foo/#"), dollar)).toBe(false);
     expect(hiddenFromWildcard(filterToPattern("#"), topicToChannel("foo/bar"))).toBe(false);
+  });
+
+  test("a filter ending in /# also subscribes to its parent level, as MQTT's # matches it", () => {
+    expect(filterToPatterns("sport/#")).toEqual(["sport.>", "sport"]);
+    expect(filterToPatterns("+/#")).toEqual(["*.>", "*"]);
+    expect(filterToPatterns("#")).toEqual([">"]);
+    expect(filterToPatterns("/#")).toEqual(["--.>"]);
+    expect(filterToPatterns("a/dead-letter/#")).toEqual(["a.dead-letter.>", topicToChannel("a/dead-letter")]);
+    expect(filterToPatterns("sport/tennis")).toEqual(["sport.tennis"]);
   });
 
   test("what maps to no channel is refused with a typed error", () => {
