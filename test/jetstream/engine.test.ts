@@ -146,6 +146,45 @@ describe("JetStreamEngine", () => {
   }, 30_000);
 });
 
+describe("JetStreamEngine: a slow reader on the live feed", () => {
+  test("falls behind the feed by more than its tap holds, reads its own consumer again, and misses nothing, in order, once", async () => {
+    const e = await engine();
+    const { last } = await e.bounds("T");
+    const ctl = new AbortController();
+    const got: number[] = [];
+    let slow = true;
+    const reading = (async () => {
+      for await (const m of e.read("T", last + 1, "kp.t.slow", ctl.signal)) {
+        got.push(decodeEnvelope(m.data, 0).payload as number);
+        if (slow) await Bun.sleep(2); // a board whose link is slower than what arrives
+      }
+    })();
+    // Caught up at once (nothing stored yet): the reader is on the live feed.
+    const until = async (cond: () => boolean, what: string, ms = 30_000) => {
+      const end = performance.now() + ms;
+      while (!cond()) {
+        if (performance.now() > end) throw new Error(`timed out: ${what}`);
+        await Bun.sleep(20);
+      }
+    };
+    await until(() => e.stats.live > 0, "on the live feed");
+    const catchUps = e.stats.catchUps;
+    const N = 4000;
+    const batch: ReturnType<typeof record>[] = [];
+    for (let i = 0; i < N; i++) batch.push(record("t.slow", i));
+    for (let i = 0; i < N; i += 500) await e.store("t.slow", batch.slice(i, i + 500));
+    await until(() => got.length >= 1500, "some read slowly");
+    slow = false;
+    await until(() => got.length >= N, "all read");
+    await Bun.sleep(200);
+    expect(got).toEqual(Array.from({ length: N }, (_, i) => i));
+    // It overflowed its tap (1,024) and caught up on a consumer of its own, then went live again.
+    expect(e.stats.catchUps).toBeGreaterThan(catchUps);
+    ctl.abort();
+    await reading;
+  }, 60_000);
+});
+
 describe("JetStreamEngine: credentials and TLS towards NATS", () => {
   /** A single nats-server with JetStream and `extra` config; stopped after `fn`. */
   async function withServer(extra: string, fn: (url: string) => Promise<void>): Promise<void> {
