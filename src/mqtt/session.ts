@@ -524,9 +524,13 @@ export class MqttSession {
       }
       const qos = (s.qos >= 1 ? 1 : 0) as 0 | 1; // QoS 2 is granted as 1
       granted.push(qos);
+      // MQTT 5 retain handling: 0 sends the retained messages, 1 only for a subscription that is
+      // new, 2 never (3.1.1 has no option: 0).
+      const rh = this.version === 5 ? ((s as { rh?: number }).rh ?? 0) : 0;
       for (const pattern of patterns) {
+        const existed = this.subscriptions.has(pattern);
         this.startSubscription(pattern, qos);
-        retained.push([pattern, qos]);
+        if (rh === 0 || (rh === 1 && !existed)) retained.push([pattern, qos]);
       }
     }
     this.send({ cmd: "suback", messageId: p.messageId, granted } as Packet);

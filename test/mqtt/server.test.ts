@@ -282,6 +282,35 @@ describe("MQTT session expiry", () => {
     v4.end(true);
   });
 
+  test("MQTT 5 retain handling: 0 sends the retained message, 1 only for a new subscription, 2 never", async () => {
+    const pub = await connect({ clientId: "rh-pub", clean: true });
+    await pub.publishAsync("rh/t", "kept", { qos: 1, retain: true });
+    const got: Record<string, number> = {};
+    const sub = await connect({ clientId: "rh-sub", clean: true, protocolVersion: 5 });
+    sub.on("message", (t, _m, packet) => {
+      if (packet.retain) got[t] = (got[t] ?? 0) + 1;
+    });
+    await sub.subscribeAsync("rh/t", { qos: 1, rh: 2 });
+    await sub.subscribeAsync("rh/+", { qos: 1, rh: 1 });
+    await waitFor(() => got["rh/t"] === 1, "the retained message for the new rh/+", 5000, 20);
+    await sub.subscribeAsync("rh/+", { qos: 1, rh: 1 }); // exists already: nothing again
+    await sub.subscribeAsync("rh/#", { qos: 1, rh: 0 }); // new, 0: sent (and for its parent, rh, nothing is retained)
+    await waitFor(() => got["rh/t"] === 2, "the retained message for rh/#", 5000, 20);
+    await sub.subscribeAsync("rh/#", { qos: 1, rh: 0 }); // 0 sends it every time
+    await waitFor(() => got["rh/t"] === 3, "again for rh/# with 0", 5000, 20);
+    // A marker through a fresh subscription, then no more than those three.
+    await sub.subscribeAsync("rh-marker", { qos: 1 });
+    let marked = false;
+    sub.on("message", (t) => {
+      if (t === "rh-marker") marked = true;
+    });
+    await pub.publishAsync("rh-marker", "m", { qos: 1 });
+    await waitFor(() => marked, "the marker", 5000, 20);
+    expect(got["rh/t"]).toBe(3);
+    await pub.publishAsync("rh/t", "", { qos: 1, retain: true });
+    for (const c of [pub, sub]) await c.endAsync();
+  });
+
   test("sport/# gets sport itself too, live and retained; unsubscribing it stops both", async () => {
     const pub = await connect({ clientId: "parent-pub", clean: true });
     await pub.publishAsync("sport", "retained parent", { qos: 1, retain: true });
