@@ -167,7 +167,9 @@ export class Federation implements LinkDialer {
       onBatch: (s, b) => this.parts.get(s)?.receiver.handle(s, b),
       onAck: (s, a) => this.parts.get(s)?.forwarder?.onAck(a),
       onClose: (s, reason) => {
-        this.parts.get(s)?.forwarder?.stop();
+        const parts = this.parts.get(s);
+        parts?.forwarder?.stop();
+        parts?.receiver.stop();
         this.parts.delete(s);
         this.audit?.record("peer_disconnected", { peer: s.peer.name, reason });
       },
@@ -329,7 +331,10 @@ export class Federation implements LinkDialer {
     this.stopped = true;
     if (this.cleanupTimer) clearInterval(this.cleanupTimer);
     for (const l of this.runners) l.stop();
-    for (const s of [...this.parts.keys()]) s.close("shutdown", "agent stopping");
+    for (const [s, parts] of [...this.parts]) {
+      parts.receiver.flushAcks(); // so that the peer need not send those batches again
+      s.close("shutdown", "agent stopping");
+    }
     this.server?.stop(true);
     await this.audit?.flush();
     this.audit?.close();

@@ -135,7 +135,9 @@ export class Forwarder implements Sender {
         }
         const batch = this.nextBatch++;
         this.inflight.set(batch, { reader, delivery: d });
-        session.send(batchFrame({ batch, channel: d.channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body) }));
+        // While the window has room the ACK may come a little later, with others in one write.
+        const delayAck = this.inflight.size < this.opts.window;
+        session.send(batchFrame({ batch, channel: d.channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body), delayAck }));
       }
       await session.writable();
     }

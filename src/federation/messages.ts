@@ -55,6 +55,12 @@ export interface Batch {
   seqs: number[];
   /** Stored envelope bodies (msgpack), forwarded as they are. */
   records: Uint8Array[];
+  /**
+   * The sender has window to spare after this batch, so the receiver may
+   * hold its ACK briefly and send it with later ones (key `d`). Absent: ACK
+   * as soon as it is stored (someone waits on it, or the window is full).
+   */
+  delayAck?: boolean;
 }
 
 /** Receiver stored (or deliberately dropped) everything of `channel` up to sender seq `upto`. */
@@ -189,6 +195,7 @@ export function batchFrame(bt: Batch, maxBody = HARD_MAX_BODY): Uint8Array {
   const n = bt.records.length;
   let size = 3 + 2 + uintSize(bt.batch) + 2 + strHeaderSize(channelBytes.length) + channelBytes.length + 2 + arrayHeaderSize(n) + 2 + arrayHeaderSize(n);
   for (let i = 0; i < n; i++) size += uintSize(bt.seqs[i]!) + binHeaderSize(bt.records[i]!.length) + bt.records[i]!.length;
+  if (bt.delayAck) size += 3; // "d": true
   if (size > maxBody) throw new FrameError(`BATCH body of ${size} bytes exceeds ${maxBody}`);
   const out = uninitialized(HEADER_BYTES + size);
   const view = new DataView(out.buffer, out.byteOffset, out.byteLength);
@@ -197,10 +204,10 @@ export function batchFrame(bt: Batch, maxBody = HARD_MAX_BODY): Uint8Array {
   out[3] = FrameType.BATCH;
   view.setUint32(4, size);
   let at = HEADER_BYTES;
-  // map16 of 4 entries, as msgpackr writes objects
+  // map16, as msgpackr writes objects
   out[at++] = 0xde;
   out[at++] = 0;
-  out[at++] = 4;
+  out[at++] = bt.delayAck ? 5 : 4;
   at = fixKey(out, at, 0x6e); // "n"
   at = writeUint(out, view, at, bt.batch);
   at = fixKey(out, at, 0x63); // "c"
@@ -228,6 +235,10 @@ export function batchFrame(bt: Batch, maxBody = HARD_MAX_BODY): Uint8Array {
     }
     out.set(r, at);
     at += r.length;
+  }
+  if (bt.delayAck) {
+    at = fixKey(out, at, 0x64); // "d"
+    out[at++] = 0xc3;
   }
   return out;
 }
@@ -310,7 +321,10 @@ export function parseBatch(f: Frame): Batch {
     prev = s;
   }
   for (const r of records) if (!(r instanceof Uint8Array) || r.length === 0) throw new FrameError('field "r" must hold non-empty binary records');
-  return { batch: int(b, "n", 1), channel: channel(b, "c"), seqs: seqs as number[], records: records as Uint8Array[] };
+  if (b.d !== undefined && typeof b.d !== "boolean") throw new FrameError('field "d" must be a boolean');
+  const batch: Batch = { batch: int(b, "n", 1), channel: channel(b, "c"), seqs: seqs as number[], records: records as Uint8Array[] };
+  if (b.d === true) batch.delayAck = true;
+  return batch;
 }
 
 /** Encodes an ACK frame. */

@@ -26,7 +26,18 @@ export interface ReceiverOptions {
   audit?: AuditLog | undefined;
   /** The hub's publish rules for this peer; absent on a link (the hub is trusted for what it sends). */
   allow?: (channel: string) => boolean;
+  /** How long an ACK the sender let wait may be held to go out with later ones (default ACK_HOLD_MS). */
+  ackHoldMs?: number;
 }
+
+/**
+ * How long a receiver holds the ACK of a batch whose sender has window to
+ * spare. At a steady few hundred messages a second each batch carries one
+ * record, and its ACK was a socket write (and a wake-up of the sender) of
+ * its own; held this long, several go out in one write. Nothing waits on
+ * such an ACK: the sender keeps sending, and only its cursor moves later.
+ */
+export const ACK_HOLD_MS = 5;
 
 /** Counts of what a receiver did, for status and tests. */
 export interface ReceiverStats {
@@ -83,13 +94,45 @@ export class Receiver {
     const stored = this.store(session, batch);
     this.chain = this.chain.then(async () => {
       const ok = await stored;
-      if (ok && session.state === "open") session.send(ackFrame({ batch: batch.batch, channel: batch.channel, upto: batch.seqs[batch.seqs.length - 1]! }));
+      if (!ok || session.state !== "open") return;
+      const ack = ackFrame({ batch: batch.batch, channel: batch.channel, upto: batch.seqs[batch.seqs.length - 1]! });
+      if (batch.delayAck) this.hold(session, ack);
+      else {
+        this.flushAcks();
+        session.send(ack);
+      }
     });
     if (this.queue.length > 0) {
       this.scheduled = true;
       setImmediate(this.pump);
     }
   };
+
+  /** ACKs held, in order, and the timer that sends them. */
+  private held: { session: Link; ack: Uint8Array }[] = [];
+  private holdTimer: ReturnType<typeof setTimeout> | undefined;
+
+  private hold(session: Link, ack: Uint8Array): void {
+    this.held.push({ session, ack });
+    this.holdTimer ??= setTimeout(this.flushAcks, this.opts.ackHoldMs ?? ACK_HOLD_MS);
+  }
+
+  /** Sends every held ACK now (in order), e.g. before the session is closed. */
+  readonly flushAcks = (): void => {
+    if (this.holdTimer) clearTimeout(this.holdTimer);
+    this.holdTimer = undefined;
+    const held = this.held;
+    if (held.length === 0) return;
+    this.held = [];
+    for (const h of held) if (h.session.state === "open") h.session.send(h.ack);
+  };
+
+  /** Drops held ACKs and their timer: the session is gone (the sender sends those batches again). */
+  stop(): void {
+    if (this.holdTimer) clearTimeout(this.holdTimer);
+    this.holdTimer = undefined;
+    this.held = [];
+  }
 
   /** Validates, filters and appends; resolves true once durable (false: the session was closed). */
   private async store(session: Link, batch: Batch): Promise<boolean> {

@@ -91,6 +91,16 @@ describe("frame codec", () => {
     expect(() => batchFrame({ batch: 1, channel: "t.a", seqs: [1], records: [new Uint8Array(2000)] }, 1000)).toThrow(FrameError);
   });
 
+  test("BATCH carries d: true only when the sender lets the ACK wait, and reads it back", () => {
+    const bt = { batch: 3, channel: "t.a", seqs: [7], records: [new Uint8Array([0x80])] };
+    const withD = batchFrame({ ...bt, delayAck: true });
+    expect(hex(withD)).toBe(hex(encodeFrame(FrameType.BATCH, { n: 3, c: "t.a", s: [7], r: bt.records, d: true })));
+    expect(parseBatch(one2(withD)).delayAck).toBe(true);
+    expect(hex(batchFrame({ ...bt, delayAck: false }))).toBe(hex(batchFrame(bt)));
+    expect(parseBatch(one2(batchFrame(bt))).delayAck).toBeUndefined();
+    expect(() => parseBatch(one2(encodeFrame(FrameType.BATCH, { n: 3, c: "t.a", s: [7], r: bt.records, d: "yes" })))).toThrow(FrameError);
+  });
+
   test("frames split at every byte, and many frames in one chunk, decode the same", () => {
     const all = new Uint8Array(GOLDEN.reduce((n, g) => n + g[1].length, 0));
     let off = 0;
