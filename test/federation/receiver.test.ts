@@ -105,7 +105,7 @@ describe("Receiver ACKs", () => {
     c.receiver.handle(c.link, batch(1, true));
     await waitFor(() => c.stored.length === 1, "stored");
     await turns();
-    c.link.close();
+    c.link.close("shutdown", "test");
     // Both would have sent by now had they been held still.
     await waitFor(() => performance.now() - c.stored[0]!.at > 100, "past the hold", 2_000);
     expect(b.acks).toHaveLength(0);
