@@ -4,7 +4,7 @@
  * the same mistake gets the same error, whichever path it came in by.
  */
 import { InvalidArgumentError, ReservedChannelError, TooLargeError } from "../errors.ts";
-import { assertLabel, encodeEnvelope } from "./envelope.ts";
+import { assertLabel, encodeEnvelope, type MessageMeta } from "./envelope.ts";
 import { assertChannel, isDeadLetter } from "./names.ts";
 import { scanEnvelope } from "./scan.ts";
 
@@ -15,6 +15,8 @@ export interface NewMessage {
   payload: unknown;
   correlationId?: string | undefined;
   serviceName?: string | undefined;
+  /** Protocol metadata (MQTT 5 properties), stored as given once checked. */
+  meta?: MessageMeta | undefined;
 }
 
 /** The stored body of a new message, with the id and time stamped into it. */
@@ -45,19 +47,50 @@ export function buildOnCheckedChannel(origin: string, m: NewMessage, maxBytes: n
   assertLabel(m.type, "type");
   if (m.correlationId !== undefined) assertLabel(m.correlationId, "correlation id");
   if (m.serviceName !== undefined) assertLabel(m.serviceName, "service name");
+  if (m.meta) assertMeta(m.meta);
   const id = Bun.randomUUIDv7();
   const ts = Date.now();
   let body: Uint8Array;
   try {
-    body = encodeEnvelope({ id, ts, channel: m.channel, origin, type: m.type, correlationId: m.correlationId, serviceName: m.serviceName, route: [origin], payload: m.payload });
+    body = encodeEnvelope({ id, ts, channel: m.channel, origin, type: m.type, correlationId: m.correlationId, serviceName: m.serviceName, ...m.meta, route: [origin], payload: m.payload });
   } catch (err) {
     throw new InvalidArgumentError(`payload cannot be encoded as msgpack: ${err instanceof Error ? err.message : String(err)}`);
   }
   if (body.length > maxBytes) throw new TooLargeError(`message of ${body.length} bytes exceeds the limit of ${maxBytes}`);
+  // Text and bytes cannot nest or hold extensions, and the metadata was checked: nothing to find.
+  if (typeof m.payload === "string" || m.payload instanceof Uint8Array) return { body, id, ts };
   try {
     scanEnvelope(body);
   } catch (err) {
     throw new InvalidArgumentError(`payload cannot be forwarded: ${err instanceof Error ? err.message : String(err)}`);
   }
   return { body, id, ts };
+}
+
+/** Longest metadata string (MQTT's own limit for a string property). */
+const MAX_META_STRING = 65_535;
+
+function metaString(v: unknown, what: string): void {
+  if (typeof v !== "string" || Buffer.byteLength(v) > MAX_META_STRING) throw new InvalidArgumentError(`${what} must be a string of at most ${MAX_META_STRING} bytes`);
+}
+
+/** Throws InvalidArgumentError unless every field of `meta` has its type. */
+export function assertMeta(meta: MessageMeta): void {
+  if (meta.expires !== undefined && (!Number.isSafeInteger(meta.expires) || meta.expires <= 0)) throw new InvalidArgumentError("expires must be a positive integer (epoch ms)");
+  if (meta.contentType !== undefined) metaString(meta.contentType, "content type");
+  if (meta.replyTo !== undefined) assertChannel(meta.replyTo);
+  if (meta.correlationData !== undefined && (!(meta.correlationData instanceof Uint8Array) || meta.correlationData.length > MAX_META_STRING)) {
+    throw new InvalidArgumentError(`correlation data must be at most ${MAX_META_STRING} bytes`);
+  }
+  if (meta.headers !== undefined) {
+    if (!Array.isArray(meta.headers)) throw new InvalidArgumentError("headers must be a list of [name, value] pairs");
+    for (const h of meta.headers) {
+      if (!Array.isArray(h) || h.length !== 2) throw new InvalidArgumentError("headers must be a list of [name, value] pairs");
+      metaString(h[0], "header name");
+      metaString(h[1], "header value");
+    }
+  }
+  for (const flag of ["utf8", "retain"] as const) if (meta[flag] !== undefined && meta[flag] !== true) throw new InvalidArgumentError(`${flag} must be true or absent`);
+  if (meta.publisher !== undefined) metaString(meta.publisher, "publisher");
+  if (meta.qos !== undefined && meta.qos !== 0 && meta.qos !== 1 && meta.qos !== 2) throw new InvalidArgumentError("qos must be 0, 1 or 2");
 }

@@ -13,8 +13,48 @@ import { InvalidArgumentError } from "../errors.ts";
 /** Envelope format version written into every record. */
 export const ENVELOPE_VERSION = 1;
 
+/**
+ * What a message may carry besides its payload, for protocols that say more
+ * than keyop's own API (MQTT 5 above all). Every field is optional and
+ * absent from the stored body unless set, so the body of a plain publish is
+ * unchanged, and a reader that does not know a field skips it.
+ */
+export interface MessageMeta {
+  /** Unix epoch ms after which the message is no longer delivered (MQTT message expiry). */
+  expires?: number;
+  /** MIME type of the payload (MQTT content type). */
+  contentType?: string;
+  /** Channel a reply should go to (MQTT response topic, mapped to a channel). */
+  replyTo?: string;
+  /** Bytes a reply echoes (MQTT correlation data). */
+  correlationData?: Uint8Array;
+  /** Name and value pairs, in order; a name may repeat (MQTT user properties). */
+  headers?: [string, string][];
+  /** The payload is UTF-8 text (MQTT payload format indicator 1). */
+  utf8?: boolean;
+  /** Published as its topic's retained message (MQTT retain flag). */
+  retain?: boolean;
+  /** The client that published it, at its origin (for MQTT's no local). */
+  publisher?: string;
+  /** The QoS it was published with over MQTT: a subscriber gets it at no higher QoS. */
+  qos?: 0 | 1 | 2;
+}
+
+/** The MessageMeta keys as stored (snake_case), in their order in the body. */
+const META_KEYS: [keyof MessageMeta, string][] = [
+  ["expires", "expires"],
+  ["contentType", "content_type"],
+  ["replyTo", "reply_to"],
+  ["correlationData", "correlation_data"],
+  ["headers", "headers"],
+  ["utf8", "utf8"],
+  ["retain", "retain"],
+  ["publisher", "publisher"],
+  ["qos", "qos"],
+];
+
 /** A message as handlers and library callers see it (camelCase). */
-export interface Message<T = unknown> {
+export interface Message<T = unknown> extends MessageMeta {
   v: number;
   /** UUIDv7, unique across the federation. */
   id: string;
@@ -35,7 +75,7 @@ export interface Message<T = unknown> {
 }
 
 /** The fields a publisher supplies; the rest are stamped by keyop. */
-export interface EnvelopeFields {
+export interface EnvelopeFields extends MessageMeta {
   id: string;
   ts: number;
   channel: string;
@@ -66,6 +106,7 @@ function snake(f: EnvelopeFields & { v?: number }, seq?: number): Record<string,
   out.type = f.type;
   if (f.correlationId !== undefined) out.correlation_id = f.correlationId;
   if (f.serviceName !== undefined) out.service_name = f.serviceName;
+  for (const [k, snakeKey] of META_KEYS) if (f[k] !== undefined) out[snakeKey] = f[k];
   out.route = f.route;
   out.payload = f.payload === undefined ? null : f.payload;
   return out;
@@ -98,7 +139,44 @@ export function decodeEnvelope<T = unknown>(body: Uint8Array, seq: number): Mess
   };
   if (typeof raw.correlation_id === "string") msg.correlationId = raw.correlation_id;
   if (typeof raw.service_name === "string") msg.serviceName = raw.service_name;
+  readMeta(raw, msg);
   return msg;
+}
+
+/**
+ * Copies the MessageMeta fields of a decoded body into `into`. A field of
+ * the wrong type is left out, not an error: a record is stored as it came
+ * from its publisher, and a reader must still deliver it.
+ */
+export function readMeta(raw: Record<string, unknown>, into: MessageMeta): void {
+  if (typeof raw.expires === "number" && Number.isFinite(raw.expires)) into.expires = raw.expires;
+  if (typeof raw.content_type === "string") into.contentType = raw.content_type;
+  if (typeof raw.reply_to === "string") into.replyTo = raw.reply_to;
+  if (raw.correlation_data instanceof Uint8Array) into.correlationData = raw.correlation_data;
+  if (Array.isArray(raw.headers) && raw.headers.every((h) => Array.isArray(h) && h.length === 2 && typeof h[0] === "string" && typeof h[1] === "string")) {
+    into.headers = raw.headers as [string, string][];
+  }
+  if (raw.utf8 === true) into.utf8 = true;
+  if (raw.retain === true) into.retain = true;
+  if (typeof raw.publisher === "string") into.publisher = raw.publisher;
+  if (raw.qos === 0 || raw.qos === 1 || raw.qos === 2) into.qos = raw.qos;
+}
+
+/** The MessageMeta fields set in `meta`, with their stored (snake_case) keys. */
+export function metaFields(meta: MessageMeta): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [k, snakeKey] of META_KEYS) if (meta[k] !== undefined) out[snakeKey] = meta[k];
+  return out;
+}
+
+/** Plain msgpack of a value (keyop's own files besides the log: retained messages). */
+export function encodeValue(value: unknown): Uint8Array {
+  return packr.pack(value);
+}
+
+/** One msgpack value (a payload read out of a stored body by its byte range). */
+export function decodeValue(bytes: Uint8Array): unknown {
+  return packr.unpack(bytes);
 }
 
 /** The JSON form of the HTTP API and CLI: snake_case keys, `seq` included. */

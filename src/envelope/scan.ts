@@ -30,18 +30,39 @@ export interface EnvelopeView {
   routeItems: number;
   routeEnd: number;
   routeCount: number;
+  /** Byte range of the payload value (msgpack header included). */
+  payloadStart: number;
+  payloadEnd: number;
+  /** The body holds MessageMeta fields other than the two below (expires, headers, ...): decode it to read them. */
+  hasMeta: boolean;
+  /** Byte range of the publisher string's content (-1: none). */
+  publisherStart: number;
+  publisherEnd: number;
+  /** The QoS it was published with over MQTT (-1: none given). */
+  qos: number;
 }
 
 /** Deepest nesting accepted inside a payload (arrays and maps). */
 const MAX_DEPTH = 64;
 
 /** The keys the scan reads or checks, by index. */
-const KEYS = ["id", "channel", "origin", "type", "route"].map((k) => new TextEncoder().encode(k));
+const KEYS = ["id", "channel", "origin", "type", "route", "payload", "publisher", "qos"].map((k) => new TextEncoder().encode(k));
 const ID = 0;
 const CHANNEL = 1;
 const ORIGIN = 2;
 const TYPE = 3;
 const ROUTE = 4;
+const PAYLOAD = 5;
+const PUBLISHER = 6;
+const QOS = 7;
+/**
+ * The other MessageMeta keys (src/envelope/envelope.ts): their presence is
+ * noted, their values skipped. Publisher and QoS, which every MQTT publish
+ * carries and every MQTT delivery checks, are read by the scan itself.
+ */
+const META = ["expires", "content_type", "reply_to", "correlation_data", "headers", "utf8", "retain"].map((k) => new TextEncoder().encode(k));
+/** What `key()` returns for one of META. */
+const META_KEY = -2;
 
 class Scanner {
   pos = 0;
@@ -93,15 +114,21 @@ class Scanner {
     return start;
   }
 
-  /** Index in KEYS of the key at pos (-1 for another key), without making a string of it. */
+  /** Index in KEYS of the key at pos (META_KEY for a meta key, -1 for another), without making a string of it. */
   key(): number {
     const n = this.strLen();
     if (n < 0) throw new InvalidArgumentError("envelope has a key that is not a string");
     this.need(n);
     const start = this.pos;
     this.pos += n;
-    next: for (let k = 0; k < KEYS.length; k++) {
-      const key = KEYS[k]!;
+    const k = this.find(KEYS, start, n);
+    if (k >= 0) return k;
+    return this.find(META, start, n) >= 0 ? META_KEY : -1;
+  }
+
+  private find(keys: Uint8Array[], start: number, n: number): number {
+    next: for (let k = 0; k < keys.length; k++) {
+      const key = keys[k]!;
       if (key.length !== n) continue;
       for (let i = 0; i < n; i++) if (this.buf[start + i] !== key[i]) continue next;
       return k;
@@ -204,7 +231,7 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
   else if (head === 0xdf) n = s.u32();
   else throw new InvalidArgumentError("envelope is not a msgpack map");
   s.need(n);
-  const v: EnvelopeView = { idStart: -1, idEnd: -1, channelStart: -1, channelEnd: -1, routeStart: -1, routeItems: -1, routeEnd: -1, routeCount: 0 };
+  const v: EnvelopeView = { idStart: -1, idEnd: -1, channelStart: -1, channelEnd: -1, routeStart: -1, routeItems: -1, routeEnd: -1, routeCount: 0, payloadStart: -1, payloadEnd: -1, hasMeta: false, publisherStart: -1, publisherEnd: -1, qos: -1 };
   let seen = 0;
   for (let i = 0; i < n; i++) {
     const key = s.key();
@@ -229,7 +256,21 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
       for (let k = 0; k < len; k++) s.strContent("route entry");
       v.routeEnd = s.pos;
       v.routeCount = len;
-    } else s.skip(1);
+    } else if (key === PUBLISHER) {
+      v.publisherStart = s.strContent("publisher");
+      v.publisherEnd = s.pos;
+    } else if (key === QOS) {
+      const q = s.u8();
+      if (q > 2) throw new InvalidArgumentError("envelope field qos is not 0, 1 or 2");
+      v.qos = q;
+    } else if (key === PAYLOAD) {
+      v.payloadStart = s.pos;
+      s.skip(1);
+      v.payloadEnd = s.pos;
+    } else {
+      if (key === META_KEY) v.hasMeta = true;
+      s.skip(1);
+    }
   }
   if (s.pos !== body.length) throw new InvalidArgumentError("envelope has trailing bytes");
   if (v.idStart < 0 || v.channelStart < 0 || v.routeStart < 0) throw new InvalidArgumentError("envelope lacks id, channel or route");
@@ -251,6 +292,11 @@ export function envelopeChannel(body: Uint8Array, v: EnvelopeView): string {
 /** True if the channel's UTF-8 bytes are `name` (from `utf8Bytes`). */
 export function channelIs(body: Uint8Array, v: EnvelopeView, name: Uint8Array): boolean {
   return sameBytes(body, v.channelStart, v.channelEnd, name);
+}
+
+/** True if the publisher's UTF-8 bytes are `name` (from `utf8Bytes`); false without a publisher. */
+export function publisherIs(body: Uint8Array, v: EnvelopeView, name: Uint8Array): boolean {
+  return v.publisherStart >= 0 && sameBytes(body, v.publisherStart, v.publisherEnd, name);
 }
 
 /** The route's names. */

@@ -6,6 +6,7 @@
  */
 import { AsyncLocalStorage } from "node:async_hooks";
 import type { NewMessage } from "../envelope/build.ts";
+import type { MessageMeta } from "../envelope/envelope.ts";
 
 /** Fields stamped on publishes made inside the context. */
 export interface PublishContext {
@@ -31,9 +32,11 @@ export function withContext<T>(ctx: PublishContext, fn: () => T): T {
  * A new message with the labels it carries: from its own options, else the
  * context in force, else the publisher's default service name.
  */
-export function labelledMessage(channel: string, type: string, payload: unknown, opts: PublishContext | undefined, defaultServiceName: string | undefined): NewMessage {
+export function labelledMessage(channel: string, type: string, payload: unknown, opts: (PublishContext & { meta?: MessageMeta | undefined }) | undefined, defaultServiceName: string | undefined): NewMessage {
   const ctx = storage.getStore();
-  return { channel, type, payload, correlationId: opts?.correlationId ?? ctx?.correlationId, serviceName: opts?.serviceName ?? ctx?.serviceName ?? defaultServiceName };
+  const m: NewMessage = { channel, type, payload, correlationId: opts?.correlationId ?? ctx?.correlationId, serviceName: opts?.serviceName ?? ctx?.serviceName ?? defaultServiceName };
+  if (opts?.meta) m.meta = opts.meta;
+  return m;
 }
 
 /** The context in force here, if any. */

@@ -5,7 +5,7 @@
  * (after fdatasync with the default `always`); subscribers are durable named
  * cursors that see every message at least once, in order per channel.
  */
-import { assertLabel, toWire, type Message } from "../envelope/envelope.ts";
+import { assertLabel, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
 import { buildEnvelope, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
 import { ClosedError, InvalidArgumentError, KeyopError, TooLargeError } from "../errors.ts";
@@ -25,6 +25,8 @@ import type { CursorState } from "../store/cursor-store.ts";
 export interface PublishOptions {
   correlationId?: string;
   serviceName?: string;
+  /** Protocol metadata stored with the message (MQTT 5 properties). */
+  meta?: MessageMeta;
 }
 
 /** What a durable publish returns. */

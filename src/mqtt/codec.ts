@@ -1,9 +1,11 @@
 /**
  * The MQTT packets of the message path, read and written by hand: the
  * stream split into whole packets, PUBLISH, PUBACK and PINGREQ decoded, and
- * PUBLISH encoded. Everything else (CONNECT, SUBSCRIBE, a PUBLISH carrying
- * MQTT 5 properties, a malformed packet) is handed whole to mqtt-packet,
- * which knows every corner of both protocol versions.
+ * PUBLISH encoded, MQTT 5 properties included (src/mqtt/properties.ts:
+ * mqtt-packet keeps user properties in an object, which loses their order
+ * across names). Everything else (CONNECT, SUBSCRIBE, a malformed
+ * packet) is handed whole to mqtt-packet, which knows every corner of
+ * both protocol versions.
  *
  * Why: per message, mqtt-packet's parser walks a state machine over a
  * buffer list, emits an event and builds a packet object through a dozen
@@ -12,7 +14,13 @@
  * socket itself (docs/benchmarks.md). Pure functions: no socket here.
  */
 import type { IPublishPacket, Packet } from "mqtt-packet";
-import { KeyopError } from "../errors.ts";
+import { MqttFrameError } from "./frame-error.ts";
+import { readPublishProperties, type PublishProperties } from "./properties.ts";
+
+export { MqttFrameError };
+
+/** A PUBLISH as read by hand: mqtt-packet's shape, MQTT 5 properties in keyop's (in order). */
+export type Publish = IPublishPacket & { props?: PublishProperties };
 
 /** A whole MQTT packet: its first byte and the bytes after the remaining length. */
 export interface Frame {
@@ -24,16 +32,6 @@ export interface Frame {
   body: Buffer;
   /** The whole packet, fixed header included. */
   bytes: Buffer;
-}
-
-/** The stream is not MQTT, or a packet is larger than allowed; the connection cannot go on. */
-export class MqttFrameError extends KeyopError {
-  /** The MQTT 5 DISCONNECT reason: 0x95 packet too large, 0x81 malformed. */
-  readonly reason: number;
-  constructor(message: string, reason: number) {
-    super("malformed_frame", message);
-    this.reason = reason;
-  }
 }
 
 /** Splits a byte stream into whole packets; keeps a partial one until the rest arrives. */
@@ -107,9 +105,10 @@ const PUBACK = 4;
 const PINGREQ = 12;
 
 /**
- * The packet in `f` if it is one of the message path's and plain (a
- * PUBLISH without MQTT 5 properties, a PUBACK with success, a PINGREQ);
- * null for everything else, which goes to mqtt-packet.
+ * The packet in `f` if it is one of the message path's (a PUBLISH, a
+ * PUBACK with success, a PINGREQ); null for everything else, which goes to
+ * mqtt-packet. Throws MqttFrameError for a PUBLISH whose properties are
+ * malformed or not allowed.
  */
 export function decodeFast(f: Frame, version: number): Packet | null {
   if (f.type === PUBLISH) return decodePublish(f, version);
@@ -118,7 +117,7 @@ export function decodeFast(f: Frame, version: number): Packet | null {
   return null;
 }
 
-function decodePublish(f: Frame, version: number): IPublishPacket | null {
+function decodePublish(f: Frame, version: number): Publish | null {
   const qos = (f.flags >> 1) & 3;
   if (qos === 3) return null;
   const b = f.body;
@@ -134,12 +133,18 @@ function decodePublish(f: Frame, version: number): IPublishPacket | null {
     if (messageId === 0) return null;
     at += 2;
   }
+  let props: PublishProperties | undefined;
   if (version === 5) {
-    // Properties (topic alias, user properties...): mqtt-packet reads them.
-    if (at >= b.length || b[at] !== 0) return null;
-    at += 1;
+    if (at < b.length && b[at] === 0) at += 1;
+    else {
+      const r = readPublishProperties(b, at);
+      props = r.props;
+      at = r.end;
+    }
   }
-  return { cmd: "publish", topic, payload: b.subarray(at), qos: qos as 0 | 1 | 2, retain: (f.flags & 1) === 1, dup: (f.flags & 8) === 8, messageId };
+  const p: Publish = { cmd: "publish", topic, payload: b.subarray(at), qos: qos as 0 | 1 | 2, retain: (f.flags & 1) === 1, dup: (f.flags & 8) === 8, messageId };
+  if (props) p.props = props;
+  return p;
 }
 
 /** Bytes of a remaining length. */
@@ -147,12 +152,21 @@ function varintSize(n: number): number {
   return n < 128 ? 1 : n < 16_384 ? 2 : n < 2_097_152 ? 3 : 4;
 }
 
-/** A PUBLISH without properties, as keyop sends them to subscribers. */
-export function encodePublish(topic: string, payload: Uint8Array, qos: 0 | 1, messageId: number | undefined, dup: boolean, version: number): Buffer {
+/** Bytes of a PUBLISH with `payloadBytes` of payload (`props`: the MQTT 5 property block, one byte when empty). */
+export function publishSize(topicBytes: number, payloadBytes: number, qos: number, version: number, propsBytes = 1): number {
+  const rest = 2 + topicBytes + (qos > 0 ? 2 : 0) + (version === 5 ? propsBytes : 0) + payloadBytes;
+  return 1 + varintSize(rest) + rest;
+}
+
+/**
+ * A PUBLISH as keyop sends them to subscribers; `props` is the MQTT 5
+ * property block (from encodePublishProperties; none: an empty one).
+ */
+export function encodePublish(topic: string, payload: Uint8Array, qos: 0 | 1 | 2, messageId: number | undefined, dup: boolean, version: number, retain = false, props: Uint8Array | null = null): Buffer {
   const topicLen = Buffer.byteLength(topic);
-  const rest = 2 + topicLen + (qos > 0 ? 2 : 0) + (version === 5 ? 1 : 0) + payload.length;
+  const rest = 2 + topicLen + (qos > 0 ? 2 : 0) + (version === 5 ? (props?.length ?? 1) : 0) + payload.length;
   const out = Buffer.allocUnsafe(1 + varintSize(rest) + rest);
-  out[0] = 0x30 | (dup && qos > 0 ? 8 : 0) | (qos << 1);
+  out[0] = 0x30 | (dup && qos > 0 ? 8 : 0) | (qos << 1) | (retain ? 1 : 0);
   let at = 1;
   let n = rest;
   do {
@@ -168,7 +182,12 @@ export function encodePublish(topic: string, payload: Uint8Array, qos: 0 | 1, me
     out[at++] = (messageId! >> 8) & 0xff;
     out[at++] = messageId! & 0xff;
   }
-  if (version === 5) out[at++] = 0;
+  if (version === 5) {
+    if (props) {
+      out.set(props, at);
+      at += props.length;
+    } else out[at++] = 0;
+  }
   out.set(payload, at);
   return out;
 }

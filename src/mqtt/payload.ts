@@ -1,4 +1,6 @@
 /** MQTT payloads and the one packet written by hand, between the wire and the store. */
+import { decodeValue } from "../envelope/envelope.ts";
+import type { EnvelopeView } from "../envelope/scan.ts";
 
 /**
  * A PUBACK with success, written by hand: the one packet sent per QoS 1
@@ -26,3 +28,33 @@ export function bytesOf(payload: unknown): Buffer {
   if (typeof payload === "string") return Buffer.from(payload, "utf8");
   return Buffer.from(JSON.stringify(payload ?? null), "utf8");
 }
+
+/**
+ * The MQTT bytes of a stored envelope's payload, read out of the stored
+ * bytes by its range: text and binary are the bytes they are stored as (no
+ * decoding into a string and encoding back), anything else becomes JSON.
+ */
+export function storedPayload(body: Uint8Array, v: EnvelopeView): Uint8Array {
+  const at = v.payloadStart;
+  if (at < 0) return NULL_JSON;
+  const b = body[at]!;
+  let len = -1;
+  let start = at;
+  if ((b & 0xe0) === 0xa0) {
+    len = b & 0x1f;
+    start = at + 1;
+  } else if (b === 0xd9 || b === 0xc4) {
+    len = body[at + 1]!;
+    start = at + 2;
+  } else if (b === 0xda || b === 0xc5) {
+    len = (body[at + 1]! << 8) | body[at + 2]!;
+    start = at + 3;
+  } else if (b === 0xdb || b === 0xc6) {
+    len = body[at + 1]! * 0x1000000 + ((body[at + 2]! << 16) | (body[at + 3]! << 8) | body[at + 4]!);
+    start = at + 5;
+  }
+  if (len >= 0) return body.subarray(start, start + len);
+  return bytesOf(decodeValue(body.subarray(at, v.payloadEnd)));
+}
+
+const NULL_JSON = new TextEncoder().encode("null");

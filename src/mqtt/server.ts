@@ -8,7 +8,8 @@ import type { MqttConfig } from "../config/schema.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import { prepareSocketPath } from "../net/socket-file.ts";
-import { MqttSession, sessionName, type SessionHost } from "./session.ts";
+import { MqttSession, sessionName, sharedGroupName, type SessionHost } from "./session.ts";
+import { SharedSubscriptions } from "./shared.ts";
 import { RetainedStore } from "./retained.ts";
 import { SessionStore } from "./session-store.ts";
 import { join } from "node:path";
@@ -36,6 +37,7 @@ export class MqttServer implements SessionHost {
   private readonly sockets = new Set<Socket<Conn>>();
   readonly retained: RetainedStore;
   readonly sessions: SessionStore;
+  readonly shared: SharedSubscriptions;
   private sweeper: ReturnType<typeof setInterval> | null = null;
 
   private constructor(messenger: Messenger, cfg: MqttConfig, logger: Logger, retained: RetainedStore, sessions: SessionStore) {
@@ -44,6 +46,11 @@ export class MqttServer implements SessionHost {
     this.logger = logger;
     this.retained = retained;
     this.sessions = sessions;
+    this.shared = new SharedSubscriptions(
+      (group, pattern) => messenger.openSubscriber(pattern, sharedGroupName(group), { from: "latest" }),
+      (group, pattern) => messenger.deleteSubscriber(pattern, sharedGroupName(group)),
+      (err) => logger.warn("mqtt shared subscription failed", { error: String(err) }),
+    );
   }
 
   /** Starts listening on what `cfg` names; retained messages live under `dataDir`. */
@@ -56,6 +63,14 @@ export class MqttServer implements SessionHost {
     for (const sub of messenger.subscribers()) {
       const id = sub.name.startsWith("mqtt.") ? sub.name.slice("mqtt.".length) : undefined;
       if (id && !sessions.knows(id)) await sessions.disconnected(id, cfg.sessionExpiryMs);
+    }
+    // Shared subscriptions persistent sessions hold while away; a group's subscriber nobody holds
+    // (its members' clean sessions ended with a crash) would pin retention for ever: it goes.
+    for (const [client, key] of sessions.allRemembered()) if (key.startsWith("$share/")) s.shared.hold(client, key.slice("$share/".length));
+    for (const sub of messenger.subscribers()) {
+      if (!/^mqtt-share[.-]/.test(sub.name)) continue;
+      const held = sessions.allRemembered().some(([, key]) => key.startsWith("$share/") && sharedGroupName(SharedSubscriptions.parts(key.slice("$share/".length))[0]) === sub.name && SharedSubscriptions.parts(key.slice("$share/".length))[1] === sub.pattern);
+      if (!held) await messenger.deleteSubscriber(sub.pattern, sub.name).catch((err) => logger.warn("mqtt shared subscription's subscriber not deleted", { pattern: sub.pattern, error: String(err) }));
     }
     await s.sweep();
     s.sweeper = setInterval(() => void s.sweep(), SWEEP_EVERY_MS);
@@ -150,6 +165,7 @@ export class MqttServer implements SessionHost {
   }
 
   async endSession(clientId: string): Promise<void> {
+    this.shared.releaseAll(clientId);
     const name = sessionName(clientId);
     for (const sub of this.messenger.subscribers()) {
       if (sub.name !== name) continue;
@@ -170,6 +186,7 @@ export class MqttServer implements SessionHost {
     this.tcp?.stop(true);
     this.unix?.stop(true);
     for (const sock of this.sockets) sock.data.session?.socketClosed();
+    this.shared.stop();
     await this.sessions.close().catch((err) => this.logger.error("mqtt session state not saved", { error: String(err) }));
   }
 }

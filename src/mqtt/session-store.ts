@@ -36,10 +36,20 @@ interface Lifetime {
   connected: boolean;
 }
 
+/** A persistent session's subscription as the client made it (its durable subscriber holds the cursor). */
+export interface KeptSubscription {
+  filter: string;
+  options: { qos: 0 | 1 | 2; noLocal: boolean; retainAsPublished: boolean; id: number };
+}
+
 interface Saved {
   clean: boolean;
   marks: Record<string, Record<string, number>>;
   sessions?: Record<string, Lifetime>;
+  /** Per client id and keyop pattern, the MQTT filter and options it was subscribed with. */
+  subscriptions?: Record<string, Record<string, KeptSubscription>>;
+  /** Per client id, packet ids of QoS 2 messages the client has received (PUBREC) and not completed (PUBCOMP). */
+  releases?: Record<string, number[]>;
 }
 
 /** Sent marks and expiry of the persistent MQTT sessions of one data directory. */
@@ -47,6 +57,8 @@ export class SessionStore {
   private readonly dir: string;
   private readonly byClient = new Map<string, Map<string, number>>();
   private readonly lifetimes = new Map<string, Lifetime>();
+  private readonly releases = new Map<string, Set<number>>();
+  private readonly subs = new Map<string, Map<string, KeptSubscription>>();
   /** Set after a crash: per channel, the last seq in the log when keyop started. */
   private readonly crashFloor: ((channel: string) => number) | null;
   private dirty = false;
@@ -92,6 +104,12 @@ export class SessionStore {
       const until = l?.connected ? (expiryMs === null ? null : now + expiryMs) : typeof l?.until === "number" ? l.until : null;
       s.lifetimes.set(client, { expiryMs, until, connected: false });
     }
+    for (const [client, kept] of Object.entries(saved?.subscriptions ?? {})) {
+      if (kept && typeof kept === "object") s.subs.set(client, new Map(Object.entries(kept).filter(([, k]) => typeof k?.filter === "string" && typeof k.options?.qos === "number")));
+    }
+    for (const [client, ids] of Object.entries(saved?.releases ?? {})) {
+      if (Array.isArray(ids)) s.releases.set(client, new Set(ids.filter((n) => Number.isInteger(n) && n >= 1 && n <= 65_535)));
+    }
     // From now on the file on disk is not clean until the next clean close.
     await s.save(false);
     return s;
@@ -114,6 +132,70 @@ export class SessionStore {
       chans.set(channel, seq);
       this.markDirty();
     }
+  }
+
+  /**
+   * The client received QoS 2 message `id` (PUBREC): until PUBCOMP the
+   * session owes it a PUBREL, also after a reconnect or a restart. Saved at
+   * once, as the cursor moved past the message.
+   */
+  releasing(client: string, id: number): Promise<void> {
+    let ids = this.releases.get(client);
+    if (!ids) {
+      ids = new Set();
+      this.releases.set(client, ids);
+    }
+    ids.add(id);
+    return this.save(false);
+  }
+
+  /** A persistent session subscribed (or subscribed again, with other options). */
+  remember(client: string, pattern: string, filter: string, options: KeptSubscription["options"]): void {
+    let m = this.subs.get(client);
+    if (!m) {
+      m = new Map();
+      this.subs.set(client, m);
+    }
+    const was = m.get(pattern);
+    if (was && was.filter === filter && JSON.stringify(was.options) === JSON.stringify(options)) return;
+    m.set(pattern, { filter, options: { ...options } });
+    this.markDirty();
+  }
+
+  /** A persistent session unsubscribed. */
+  forget(client: string, pattern: string): void {
+    const m = this.subs.get(client);
+    if (!m?.delete(pattern)) return;
+    if (m.size === 0) this.subs.delete(client);
+    this.markDirty();
+  }
+
+  /** Every subscription kept for `client`, by key (a pattern, or `$share/<group>\u0000<pattern>`). */
+  rememberedAll(client: string): [string, KeptSubscription][] {
+    return [...(this.subs.get(client) ?? [])];
+  }
+
+  /** Every kept subscription of every client, as [client id, key]. */
+  allRemembered(): [string, string][] {
+    return [...this.subs].flatMap(([client, m]) => [...m.keys()].map((key): [string, string] => [client, key]));
+  }
+
+  /** How a persistent session subscribed to `pattern`, if known. */
+  remembered(client: string, pattern: string): KeptSubscription | undefined {
+    return this.subs.get(client)?.get(pattern);
+  }
+
+  /** PUBCOMP for `id`: nothing more is owed for it. */
+  released(client: string, id: number): void {
+    const ids = this.releases.get(client);
+    if (!ids?.delete(id)) return;
+    if (ids.size === 0) this.releases.delete(client);
+    this.markDirty();
+  }
+
+  /** Packet ids the session of `client` owes a PUBREL. */
+  pendingReleases(client: string): number[] {
+    return [...(this.releases.get(client) ?? [])];
   }
 
   /** A persistent session is connected; it lives `expiryMs` after its connection (null: forever). */
@@ -140,7 +222,7 @@ export class SessionStore {
 
   /** Forgets a client id altogether (its session ended or expired). */
   drop(client: string): Promise<void> {
-    const had = this.byClient.delete(client);
+    const had = [this.byClient.delete(client), this.releases.delete(client), this.subs.delete(client)].some(Boolean);
     if (!this.lifetimes.delete(client) && !had) return Promise.resolve();
     return this.save(false);
   }
@@ -186,6 +268,8 @@ export class SessionStore {
     const task = this.saving.then(async () => {
       this.queued = null;
       const body: Saved = { clean, marks: {}, sessions: Object.fromEntries(this.lifetimes) };
+      if (this.subs.size > 0) body.subscriptions = Object.fromEntries([...this.subs].map(([c, m]) => [c, Object.fromEntries(m)]));
+      if (this.releases.size > 0) body.releases = Object.fromEntries([...this.releases].map(([c, ids]) => [c, [...ids]]));
       for (const [client, chans] of this.byClient) body.marks[client] = Object.fromEntries(chans);
       await writeFileAtomic(join(this.dir, FILE), JSON.stringify(body), this.dir);
     });

@@ -8,12 +8,16 @@
  */
 import mqtt from "mqtt-packet";
 import type { IConnectPacket, IPublishPacket, ISubscribePacket, IUnsubscribePacket, Packet } from "mqtt-packet";
-import type { Message } from "../envelope/envelope.ts";
+import { decodeEnvelope, type MessageMeta } from "../envelope/envelope.ts";
+import { publisherIs, utf8Bytes } from "../envelope/scan.ts";
 import type { Messenger } from "../messenger/messenger.ts";
+import type { StoredEnvelope } from "../messenger/durable-subscriber.ts";
 import { Window } from "../messenger/window.ts";
-import { bytesOf, payloadOf, pubackBytes } from "./payload.ts";
-import { decodeFast, encodePublish, type Frame, MqttFramer, MqttFrameError } from "./codec.ts";
-import { MqttSubscription, type SentFrom } from "./subscription.ts";
+import { payloadOf, pubackBytes, storedPayload } from "./payload.ts";
+import { decodeFast, encodePublish, type Frame, MqttFramer, MqttFrameError, type Publish, publishSize } from "./codec.ts";
+import { encodePublishProperties, fromPacketProperties, metaOfPublish, publishPropertiesOf, type PublishProperties } from "./properties.ts";
+import { MqttSubscription, type SentFrom, type SubscriptionOptions } from "./subscription.ts";
+import { SharedGroup, SharedSubscriptions, type SharedMember } from "./shared.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
 import { channelToTopic, filterToPatterns, hiddenFromWildcard, topicToChannel } from "./topics.ts";
@@ -40,6 +44,8 @@ export interface SessionHost {
   /** Ends the persistent sessions whose expiry has passed. */
   sweep(): Promise<void>;
   retained: RetainedStore;
+  /** The listener's shared subscriptions ($share/<group>/<filter>). */
+  shared: SharedSubscriptions;
 }
 
 /** The socket operations a session uses. */
@@ -53,13 +59,25 @@ export interface Wire {
 
 /** Durable subscriber name of a persistent MQTT session. */
 export function sessionName(clientId: string): string {
-  // Three disjoint forms, so no two ids share a session: readable for the ids that were always
-  // allowed ("mqtt." + id), hex of the UTF-8 for any other id short enough ("mqtt-x."), and a
-  // SHA-256 for a longer one ("mqtt-h.": names are at most 128 bytes).
-  if (PLAIN_CLIENT_ID.test(clientId)) return `mqtt.${clientId}`;
-  const bytes = new TextEncoder().encode(clientId);
-  if (bytes.length <= 56) return `mqtt-x.${Buffer.from(bytes).toString("hex")}`;
-  return `mqtt-h.${new Bun.CryptoHasher("sha256").update(bytes).digest("hex")}`;
+  return encodedName("mqtt", clientId);
+}
+
+/** Durable subscriber name of a shared subscription's group (one per group and pattern). */
+export function sharedGroupName(group: string): string {
+  return encodedName("mqtt-share", group);
+}
+
+/**
+ * `<kind>.<id>` in three disjoint forms, so no two ids share a name:
+ * readable for the ids that were always allowed (`<kind>.` + id), hex of
+ * the UTF-8 for any other id short enough (`<kind>-x.`), and a SHA-256 for
+ * a longer one (`<kind>-h.`: names are at most 128 bytes).
+ */
+function encodedName(kind: string, id: string): string {
+  if (PLAIN_CLIENT_ID.test(id)) return `${kind}.${id}`;
+  const bytes = new TextEncoder().encode(id);
+  if (bytes.length <= 56) return `${kind}-x.${Buffer.from(bytes).toString("hex")}`;
+  return `${kind}-h.${new Bun.CryptoHasher("sha256").update(bytes).digest("hex")}`;
 }
 
 /**
@@ -77,12 +95,24 @@ const MAX_WAITING_PACKETS = 1024;
 /** Client ids kept as they are in their session's name (what keyop accepted before any UTF-8 id). */
 const PLAIN_CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
 
-/** A QoS 1 message sent to the client and not yet acknowledged. */
+/** Topic aliases a client may set (MQTT 5 CONNACK Topic Alias Maximum). */
+const TOPIC_ALIAS_MAX = 64;
+
+/** A QoS 1 or 2 message sent to the client and not yet acknowledged (PUBACK, or PUBREC then PUBCOMP). */
 interface InFlight {
   /** The subscription and its reader's delivery it came from; null for a retained message sent on subscribe. */
   from: SentFrom | null;
   channel: string;
   seq: number;
+  qos: 1 | 2;
+  /** QoS 2: the client sent PUBREC, keyop sent PUBREL, and PUBCOMP is awaited. */
+  released: boolean;
+  /**
+   * The message holds a unit of the session's window itself (retained
+   * messages, a shared group's, a PUBREL owed), given back when it is done;
+   * otherwise its subscription's reader holds it.
+   */
+  ownsRoom: boolean;
 }
 
 /** A publish waiting for its write to be durable before its acknowledgement. */
@@ -94,13 +124,27 @@ interface PendingAck {
 }
 
 /** An MQTT client connection and its session state. */
-export class MqttSession {
+/** `$share/<group>/<filter>` split, or null for a filter that is not a shared subscription's; throws when malformed. */
+export function sharedFilter(filter: string): { group: string; filter: string } | null {
+  if (!filter.startsWith("$share/")) return null;
+  const rest = filter.slice("$share/".length);
+  const slash = rest.indexOf("/");
+  const group = slash < 0 ? rest : rest.slice(0, slash);
+  if (slash < 0 || group === "" || /[+#]/.test(group) || rest.length === slash + 1) throw new Error(`shared subscription ${JSON.stringify(filter)} is not $share/<group>/<filter>`);
+  return { group, filter: rest.slice(slash + 1) };
+}
+
+export class MqttSession implements SharedMember {
   readonly host: SessionHost;
   private readonly wire: Wire;
   private readonly parser: ReturnType<typeof mqtt.parser>;
   private readonly framer: MqttFramer;
   private version: 3 | 4 | 5 = 4;
   private clientId = "";
+  /** The client id's UTF-8, to tell its own publishes (no local). */
+  private clientIdBytes: Uint8Array = new Uint8Array(0);
+  /** Topic aliases the client set (MQTT 5), for this connection only. */
+  private readonly aliases = new Map<number, string>();
   /**
    * How long the session outlives this connection, ms: 0 for a clean 3.1.1
    * session or an MQTT 5 session expiry of 0; never more than
@@ -118,7 +162,9 @@ export class MqttSession {
   private lastPacket = Date.now();
   private timer: ReturnType<typeof setInterval> | null = null;
   private readonly subscriptions = new Map<string, MqttSubscription>();
-  /** QoS 1 messages sent and not acknowledged, by packet id. */
+  /** Shared subscriptions this session is a member of, by SharedSubscriptions.key. */
+  private readonly shared = new Map<string, SharedGroup>();
+  /** QoS 1 and 2 messages sent and not completed, by packet id. */
   private readonly inflight = new Map<number, InFlight>();
   /** QoS 1 messages in flight to the client, over every subscription and retained messages. */
   readonly window: Window;
@@ -152,7 +198,12 @@ export class MqttSession {
     }
     for (const f of frames) {
       // The message path's packets by hand once connected; the rest (and a CONNECT's version) by mqtt-packet.
-      const p = this.connected ? decodeFast(f, this.version) : null;
+      let p: Packet | null;
+      try {
+        p = this.connected ? decodeFast(f, this.version) : null;
+      } catch (err) {
+        return this.fail((err as Error).message, err instanceof MqttFrameError ? err.reason : 0x81);
+      }
       if (p) this.incoming.push(p);
       else this.parser.parse(f.bytes);
       if (this.closed) return;
@@ -221,6 +272,14 @@ export class MqttSession {
       durable ||= d.durable;
     }
     this.subscriptions.clear();
+    // What a shared group gave this member and it did not acknowledge goes to another member.
+    for (const f of this.inflight.values()) if (f.from && f.from.subscription instanceof SharedGroup) f.from.subscription.returned(f.from.delivery);
+    for (const [key, group] of this.shared) {
+      group.leave(this);
+      // A persistent session still holds it while it is away; a clean one's subscription ends.
+      if (!this.persistent && this.host.owner(this.clientId) === this) this.host.shared.release(this.clientId, key);
+    }
+    this.shared.clear();
     this.inflight.clear();
     this.retainedOut = [];
     if (this.connected) {
@@ -237,7 +296,7 @@ export class MqttSession {
     if (publishWill && this.will) {
       const w = this.will;
       this.will = undefined;
-      void this.store(w.topic, Buffer.from(w.payload), w.retain ? (w.qos ?? 0) : undefined).catch((err) =>
+      void this.store(w.topic, Buffer.from(w.payload), w.qos ?? 0, w.retain === true, fromPacketProperties(w.properties as Record<string, unknown> | undefined)).catch((err) =>
         this.host.logger.warn("mqtt will not published", { client: this.clientId, error: String(err) }),
       );
     }
@@ -263,20 +322,6 @@ export class MqttSession {
   private clientReceiveMax = 65_535;
   private clientMaxPacket = Number.POSITIVE_INFINITY;
 
-  /** Bytes of the PUBLISH keyop sends for `topic` and a payload of `payloadBytes` (it adds no properties). */
-  private publishSize(topic: string, payloadBytes: number, qos: number): number {
-    const rest = 2 + Buffer.byteLength(topic) + (qos > 0 ? 2 : 0) + (this.version === 5 ? 1 : 0) + payloadBytes;
-    return 1 + (rest < 128 ? 1 : rest < 16_384 ? 2 : rest < 2_097_152 ? 3 : 4) + rest;
-  }
-
-  /** Whether the client takes a packet that big; if not, says so in the log (MQTT 5: such a message is dropped for it). */
-  private fits(topic: string, payloadBytes: number, qos: number): boolean {
-    const size = this.publishSize(topic, payloadBytes, qos);
-    if (size <= this.clientMaxPacket) return true;
-    this.host.logger.warn("mqtt message larger than the client's maximum packet size, not sent to it", { client: this.clientId, topic, bytes: size, max: this.clientMaxPacket });
-    return false;
-  }
-
   private packet(p: Packet): void {
     if (this.closed) return;
     if (this.connecting) return void this.waiting.push(p);
@@ -288,6 +333,10 @@ export class MqttSession {
         return this.publish(p);
       case "puback":
         return this.puback(p.messageId!);
+      case "pubrec":
+        return this.pubrec(p.messageId!, (p as { reasonCode?: number }).reasonCode ?? 0);
+      case "pubcomp":
+        return this.pubcomp(p.messageId!);
       case "pubrel":
         this.qos2.delete(p.messageId!);
         return this.send({ cmd: "pubcomp", messageId: p.messageId } as Packet);
@@ -356,6 +405,7 @@ export class MqttSession {
     // Any UTF-8 string MQTT allows (MAC addresses, "device/42", spaces, non-ASCII); U+0000 it does not.
     if (id.includes("\u0000")) return refuse(0x85, 2, "a client id must not hold U+0000");
     this.clientId = id;
+    this.clientIdBytes = utf8Bytes(id);
     const cleanStart = p.clean !== false;
     // 3.1.1: clean session 0 keeps the session for mqtt.session_expiry. MQTT 5: clean start and
     // session expiry are apart; the client asks for an expiry (none: 0), capped by the config.
@@ -365,6 +415,7 @@ export class MqttSession {
     if (this.will) {
       try {
         topicToChannel(this.will.topic);
+        metaOfPublish(fromPacketProperties(this.will.properties as Record<string, unknown> | undefined), 0); // its response topic
       } catch (err) {
         // MQTT 5 says why (topic name invalid); 3.1.1 has no code for it (2 would blame the client
         // id), so the connection closes, as for a publish to a bad topic.
@@ -409,7 +460,15 @@ export class MqttSession {
   private welcome(present: boolean, askedExpiry: number | undefined): void {
     const id = this.clientId;
     if (this.persistent) void this.host.sessions.connected(id, this.expiryMs).catch(() => undefined); // logged, counted and retried by the store
-    const props: Record<string, number | string> = { maximumPacketSize: this.host.cfg.maxPacketBytes, receiveMaximum: 65_535 };
+    const props: Record<string, number | string | boolean> = {
+      maximumPacketSize: this.host.cfg.maxPacketBytes,
+      receiveMaximum: 65_535,
+      topicAliasMaximum: TOPIC_ALIAS_MAX,
+      retainAvailable: true,
+      wildcardSubscriptionAvailable: true,
+      subscriptionIdentifiersAvailable: true,
+      sharedSubscriptionAvailable: true,
+    };
     // MQTT 5: a client that sent no id is told the one it got.
     if (this.assignedId) props.assignedClientIdentifier = id;
     // The client asked for more than the config allows: CONNACK says what it got.
@@ -427,26 +486,64 @@ export class MqttSession {
     // A kept session resumes its subscriptions, resending what was not acknowledged (also when
     // this connection will not keep it: MQTT 5 with clean start 0 and expiry 0 gets what was kept).
     if (present) {
+      for (const [key, kept] of this.host.sessions.rememberedAll(id)) {
+        if (!key.startsWith("$share/")) continue;
+        const [group, pattern] = SharedSubscriptions.parts(key.slice("$share/".length));
+        this.shared.set(key.slice("$share/".length), this.host.shared.join(id, this, group, pattern, kept.options));
+      }
+      // First the PUBRELs of QoS 2 messages the client had received and not completed.
+      for (const pid of this.host.sessions.pendingReleases(id)) {
+        this.inflight.set(pid, { from: null, channel: "", seq: -1, qos: 2, released: true, ownsRoom: true });
+        this.window.take(0);
+        this.send({ cmd: "pubrel", messageId: pid } as Packet);
+      }
       const name = sessionName(id);
       for (const s of this.host.messenger.subscribers()) {
-        if (s.name === name) this.startSubscription(s.pattern, 1, "durable");
+        if (s.name !== name) continue;
+        // As subscribed (3.1.1 and sessions saved before options were kept: QoS 1, no options).
+        const kept = this.host.sessions.remembered(id, s.pattern);
+        this.startSubscription(s.pattern, kept?.filter ?? channelToTopic(s.pattern), kept?.options ?? { qos: 1, noLocal: false, retainAsPublished: false, id: 0 }, "durable");
       }
     }
   }
 
-  /** Publishes a will; `retainQos` set: it also becomes the channel's retained message. */
-  private async store(topic: string, payload: Buffer, retainQos?: number): Promise<void> {
+  /** Publishes a will at `qos` with its properties; `retain`: it also becomes the channel's retained message. */
+  private async store(topic: string, payload: Buffer, qos: number, retain: boolean, props: PublishProperties | undefined): Promise<void> {
     const channel = topicToChannel(topic);
-    await this.host.messenger.publish(channel, this.host.cfg.payloadType, payloadOf(payload));
-    if (retainQos !== undefined) await this.host.retained.set(channel, payload, retainQos);
+    const now = Date.now();
+    await this.host.messenger.publish(channel, this.host.cfg.payloadType, payloadOf(payload), { meta: this.storedMeta(props, qos, retain, now) });
+    if (retain) await this.host.retained.set(channel, payload, qos, metaOfPublish(props, now));
   }
 
-  private publish(p: IPublishPacket): void {
+  /** What is stored with a publish of this client: its properties, QoS, retain flag, and who sent it. */
+  private storedMeta(props: PublishProperties | undefined, qos: number, retain: boolean, now: number): MessageMeta {
+    const meta = metaOfPublish(props, now);
+    meta.publisher = this.clientId;
+    meta.qos = qos === 2 ? 2 : qos === 1 ? 1 : 0;
+    if (retain) meta.retain = true;
+    return meta;
+  }
+
+  private publish(p: Publish): void {
     const qos = p.qos ?? 0;
     const id = p.messageId;
+    const props = p.props;
+    let topic = p.topic;
+    if (this.version === 5 && props?.topicAlias !== undefined) {
+      // A topic alias: set with a topic, used with an empty one (this connection only).
+      const alias = props.topicAlias;
+      if (alias === 0 || alias > TOPIC_ALIAS_MAX) return this.fail(`topic alias ${alias} is outside 1..${TOPIC_ALIAS_MAX}`, 0x94);
+      if (topic === "") {
+        const known = this.aliases.get(alias);
+        if (known === undefined) return this.fail(`topic alias ${alias} was never set`, 0x82);
+        topic = known;
+      } else this.aliases.set(alias, topic);
+    }
     let channel: string;
+    let meta: MessageMeta;
     try {
-      channel = topicToChannel(p.topic);
+      channel = topicToChannel(topic);
+      meta = this.storedMeta(props, qos, p.retain === true, Date.now());
     } catch (err) {
       // v5 can say why in the ack; 3.1.1 has no way but to close.
       if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: 0x90 } as Packet);
@@ -474,8 +571,8 @@ export class MqttSession {
     // own write (and, for a retained one, the retained copy) is durable.
     const ack: PendingAck = { id, qos, done: false, error: undefined };
     this.acks.push(ack);
-    let stored: Promise<unknown> = this.host.messenger.publish(channel, this.host.cfg.payloadType, payload);
-    if (p.retain) stored = stored.then(() => this.host.retained.set(channel, p.payload as Buffer, qos));
+    let stored: Promise<unknown> = this.host.messenger.publish(channel, this.host.cfg.payloadType, payload, { meta });
+    if (p.retain) stored = stored.then(() => this.host.retained.set(channel, p.payload as Buffer, qos, metaOfPublish(props, Date.now())));
     // A QoS 2 packet id is taken from now until PUBREL (or until its write fails).
     if (qos === 2 && id !== undefined) this.qos2.set(id, stored);
     stored.then(
@@ -512,61 +609,68 @@ export class MqttSession {
 
   private subscribe(p: ISubscribePacket): void {
     const granted: number[] = [];
-    const retained: [string, 0 | 1][] = [];
+    const retained: [string, SubscriptionOptions][] = [];
+    // MQTT 5: one Subscription Identifier for every filter of the packet (0: none).
+    const subId = this.version === 5 ? Number((p.properties as { subscriptionIdentifier?: number } | undefined)?.subscriptionIdentifier ?? 0) : 0;
     for (const s of p.subscriptions) {
       let patterns: string[];
+      let share: { group: string; filter: string } | null;
       try {
-        patterns = filterToPatterns(s.topic);
+        share = sharedFilter(s.topic);
+        patterns = filterToPatterns(share?.filter ?? s.topic);
       } catch (err) {
         this.host.logger.warn("mqtt subscription refused", { client: this.clientId, filter: s.topic, error: String(err) });
         granted.push(this.version === 5 ? 0x8f : 0x80);
         continue;
       }
-      const qos = (s.qos >= 1 ? 1 : 0) as 0 | 1; // QoS 2 is granted as 1
-      granted.push(qos);
+      const v5 = this.version === 5 ? (s as { nl?: boolean; rap?: boolean; rh?: number }) : {};
+      const options: SubscriptionOptions = { qos: (s.qos >= 2 ? 2 : s.qos >= 1 ? 1 : 0) as 0 | 1 | 2, noLocal: v5.nl === true, retainAsPublished: v5.rap === true, id: subId };
+      granted.push(options.qos);
+      if (share) {
+        // No retained messages for a shared subscription (MQTT 4.8.2), and no "no local".
+        options.noLocal = false;
+        for (const pattern of patterns) this.joinShared(share.group, pattern, s.topic, options);
+        continue;
+      }
       // MQTT 5 retain handling: 0 sends the retained messages, 1 only for a subscription that is
       // new, 2 never (3.1.1 has no option: 0).
-      const rh = this.version === 5 ? ((s as { rh?: number }).rh ?? 0) : 0;
+      const rh = v5.rh ?? 0;
       for (const pattern of patterns) {
         const existed = this.subscriptions.has(pattern);
-        this.startSubscription(pattern, qos);
-        if (rh === 0 || (rh === 1 && !existed)) retained.push([pattern, qos]);
+        this.startSubscription(pattern, s.topic, options);
+        if (rh === 0 || (rh === 1 && !existed)) retained.push([pattern, options]);
       }
     }
     this.send({ cmd: "suback", messageId: p.messageId, granted } as Packet);
     // Then the retained message of every channel each new subscription matches, retain set, at the
-    // lower of its QoS and the subscription's; QoS 1 ones within the in-flight window.
-    for (const [pattern, granted] of retained) {
+    // lower of its QoS and the subscription's; QoS 1 and 2 ones within the in-flight window.
+    const now = Date.now();
+    for (const [pattern, options] of retained) {
       const m = compilePattern(pattern);
-      for (const [channel, r] of this.host.retained.matching((c) => m(c) && this.mayReceive(c) && !hiddenFromWildcard(pattern, c))) {
-        this.retainedOut.push({ channel, payload: r.payload, qos: Math.min(r.qos, granted) as 0 | 1 });
+      for (const [channel, r] of this.host.retained.matching((c) => m(c) && this.mayReceive(c) && !hiddenFromWildcard(pattern, c), now)) {
+        this.retainedOut.push({ channel, payload: r.payload, meta: r.meta, qos: Math.min(r.qos, options.qos) as 0 | 1 | 2, subId: options.id });
       }
     }
     this.sendRetained();
   }
 
   /** Retained messages for new subscriptions, waiting for room in the in-flight window. */
-  private retainedOut: { channel: string; payload: Uint8Array; qos: 0 | 1 }[] = [];
+  private retainedOut: { channel: string; payload: Uint8Array; meta: MessageMeta | null; qos: 0 | 1 | 2; subId: number }[] = [];
 
   private sendRetained(): void {
     let i = 0;
     for (; i < this.retainedOut.length && !this.closed; i++) {
       const r = this.retainedOut[i]!;
-      if (!this.fits(channelToTopic(r.channel), r.payload.length, r.qos)) continue;
-      const base = { cmd: "publish", topic: channelToTopic(r.channel), payload: Buffer.from(r.payload), retain: true, dup: false };
-      if (r.qos === 0) {
-        this.send({ ...base, qos: 0 } as Packet);
-        continue;
-      }
-      if (this.room() <= 0) break; // the rest when acknowledgements make room
+      if (r.meta?.expires !== undefined && r.meta.expires <= Date.now()) continue; // expired while it waited
+      if (r.qos > 0 && this.room() <= 0) break; // the rest when acknowledgements make room
       // Not from a subscriber's log: its acknowledgement moves no cursor, only gives its room back.
-      this.window.take(0);
-      this.send({ ...base, qos: 1, messageId: this.takeId({ from: null, channel: r.channel, seq: -1 }) } as Packet);
+      if (r.qos > 0) this.window.take(0);
+      if (!this.sendMessage(channelToTopic(r.channel), r.payload, r.meta, r.qos, true, r.subId, null, r.channel, -1, true) && r.qos > 0) this.window.give(0);
     }
     if (i > 0) this.retainedOut = this.retainedOut.slice(i);
   }
 
-  /** A free packet id for a QoS 1 message to the client, now in flight. */
+  /** A free packet id for a QoS 1 or 2 message to the client, now in flight. */
   private takeId(f: InFlight): number {
     let id = this.nextId;
     while (this.inflight.has(id)) id = (id % 65_535) + 1;
@@ -575,73 +679,198 @@ export class MqttSession {
     return id;
   }
 
-  private startSubscription(pattern: string, qos: 0 | 1, kind: "durable" | "live" = this.persistent ? "durable" : "live"): void {
+  private startSubscription(pattern: string, filter: string, options: SubscriptionOptions, kind: "durable" | "live" = this.persistent ? "durable" : "live"): void {
     const durable = kind === "durable";
+    if (durable) this.host.sessions.remember(this.clientId, pattern, filter, options);
     const old = this.subscriptions.get(pattern);
     if (old) {
       // The same filter again replaces the subscription without interrupting its flow
       // (MQTT-3.8.4-3). A new reader would start over from the acknowledged cursor and send
       // what is in flight a second time, which clients that subscribe on every connect saw.
-      old.qos = qos;
+      old.options = options;
       return;
     }
     const m = this.host.messenger;
     // Persistent: a durable subscriber (messages kept while the client is away). Otherwise live only.
     const sub = durable ? m.openSubscriber(pattern, sessionName(this.clientId), { from: "latest" }) : m.openVolatileSubscriber(pattern, `${sessionName(this.clientId)}.${Bun.randomUUIDv7()}`);
-    const d = new MqttSubscription(this, sub, pattern, qos, durable);
+    const d = new MqttSubscription(this, sub, pattern, filter, options, durable);
     this.subscriptions.set(pattern, d);
     d.start();
   }
 
-  private unsubscribe(p: IUnsubscribePacket): void {
-    for (const pattern of p.unsubscriptions.flatMap((filter) => {
-      try {
-        return filterToPatterns(filter);
-      } catch {
-        return [];
-      }
-    })) {
-      const d = this.subscriptions.get(pattern);
-      if (!d) continue;
-      d.stop();
-      this.subscriptions.delete(pattern);
-      if (!d.durable) this.host.messenger.dropVolatileSubscriber(d.subscriber);
-      else
-        void this.host.messenger
-          .deleteSubscriber(pattern, sessionName(this.clientId))
-          .catch((err) => this.host.logger.warn("mqtt session's subscriber not deleted", { client: this.clientId, pattern, error: String(err) }));
-    }
-    this.send({ cmd: "unsuback", messageId: p.messageId } as Packet);
+  /** Joins the group `group` of shared subscriptions to `pattern`. */
+  private joinShared(group: string, pattern: string, filter: string, options: SubscriptionOptions): void {
+    const key = SharedSubscriptions.key(group, pattern);
+    if (this.persistent) this.host.sessions.remember(this.clientId, `$share/${key}`, filter, options);
+    this.shared.set(key, this.host.shared.join(this.clientId, this, group, pattern, options));
   }
 
-  /** @internal Sends one stored message to the client. */
-  deliver(m: Message, qos: 0 | 1, from: SentFrom | null): void {
-    const topic = channelToTopic(m.channel);
-    const payload = bytesOf(m.payload);
-    if (!this.fits(topic, payload.length, qos) || (from && hiddenFromWildcard(from.subscription.pattern, m.channel))) {
-      // Counted as delivered: the cursor moves past it.
-      if (qos === 1 && from) from.subscription.acked(from.delivery);
-      return;
+  /** Leaves a shared subscription: what it had unacknowledged goes to another member. */
+  private leaveShared(key: string): boolean {
+    const group = this.shared.get(key);
+    if (!group) return false;
+    group.leave(this);
+    for (const [id, f] of this.inflight) {
+      if (f.from?.subscription !== group || f.released) continue;
+      this.inflight.delete(id);
+      group.returned(f.from.delivery);
+      this.window.give(0);
     }
-    if (qos === 0 || !from) {
-      if (!this.closed) this.wire.write(encodePublish(topic, payload, 0, undefined, false, this.version));
-      return;
+    this.shared.delete(key);
+    this.host.sessions.forget(this.clientId, `$share/${key}`);
+    this.host.shared.release(this.clientId, key);
+    return true;
+  }
+
+  private unsubscribe(p: IUnsubscribePacket): void {
+    // MQTT 5 answers each filter: 0x00 success, 0x11 no subscription existed, 0x8F filter invalid.
+    const codes: number[] = [];
+    for (const filter of p.unsubscriptions) {
+      let patterns: string[];
+      let share: { group: string; filter: string } | null;
+      try {
+        share = sharedFilter(filter);
+        patterns = filterToPatterns(share?.filter ?? filter);
+      } catch {
+        codes.push(0x8f);
+        continue;
+      }
+      let found = false;
+      for (const pattern of patterns) found = (share ? this.leaveShared(SharedSubscriptions.key(share.group, pattern)) : this.dropSubscription(pattern)) || found;
+      codes.push(found ? 0x00 : 0x11);
     }
-    const id = this.takeId({ from, channel: m.channel, seq: m.seq });
+    this.send({ cmd: "unsuback", messageId: p.messageId, ...(this.version === 5 ? { granted: codes } : {}) } as Packet);
+  }
+
+  /** Ends the subscription of `pattern`, if there is one (a durable one's subscriber is deleted). */
+  private dropSubscription(pattern: string): boolean {
+    const d = this.subscriptions.get(pattern);
+    if (!d) return false;
+    d.stop();
+    this.subscriptions.delete(pattern);
+    if (!d.durable) this.host.messenger.dropVolatileSubscriber(d.subscriber);
+    else {
+      this.host.sessions.forget(this.clientId, pattern);
+      void this.host.messenger
+        .deleteSubscriber(pattern, sessionName(this.clientId))
+        .catch((err) => this.host.logger.warn("mqtt session's subscriber not deleted", { client: this.clientId, pattern, error: String(err) }));
+    }
+    return true;
+  }
+
+  /**
+   * @internal A stored record for subscription `from`: sent (true when at
+   * QoS 1 or 2, acknowledged later) or passed over (false): the client's
+   * own publish for a no-local subscription, a `$` topic for a wildcard
+   * filter, an expired message, one larger than the client takes.
+   */
+  deliver(r: StoredEnvelope, from: SentFrom, sub: MqttSubscription): boolean {
+    return this.deliverRecord(r, from, sub.options, sub.pattern, false);
+  }
+
+  /** @internal A stored record a shared subscription's group gives this member (see `deliver`). */
+  deliverShared(r: StoredEnvelope, from: SentFrom, options: SubscriptionOptions): boolean {
+    if (this.closed) return false;
+    const group = from.subscription as SharedGroup;
+    // The group's reader holds no room in this session's window: the message takes its own.
+    if (options.qos > 0) this.window.take(0);
+    const inFlight = this.deliverRecord(r, from, options, group.pattern, true);
+    if (!inFlight && options.qos > 0) this.window.give(0);
+    return inFlight;
+  }
+
+  private deliverRecord(r: StoredEnvelope, from: SentFrom, options: SubscriptionOptions, pattern: string, ownsRoom: boolean): boolean {
+    const v = r.view;
+    if (options.noLocal && publisherIs(r.body, v, this.clientIdBytes)) return false;
+    if (hiddenFromWildcard(pattern, r.channel)) return false;
+    // The rest of what MQTT 5 carries is decoded only when the message has any of it.
+    const meta: MessageMeta | null = v.hasMeta ? decodeEnvelope(r.body, r.seq) : null;
+    if (meta?.expires !== undefined && meta.expires <= Date.now()) return false;
+    // At no higher QoS than it was published with (MQTT-3.8.4-8); a message that did not come
+    // over MQTT has none and goes at the subscription's.
+    const qos = (v.qos >= 0 && v.qos < options.qos ? v.qos : options.qos) as 0 | 1 | 2;
+    const retain = options.retainAsPublished && meta?.retain === true;
+    return this.sendMessage(channelToTopic(r.channel), storedPayload(r.body, v), meta, qos, retain, options.id, from, r.channel, r.seq, ownsRoom);
+  }
+
+  /**
+   * Sends one PUBLISH; true when it is in flight (QoS 1 or 2) and waits for
+   * the client, false when done (QoS 0) or not sent (larger than the client's
+   * maximum packet size: MQTT 5 says such a message is dropped for it).
+   */
+  private sendMessage(topic: string, payload: Uint8Array, meta: MessageMeta | null, qos: 0 | 1 | 2, retain: boolean, subId: number, from: SentFrom | null, channel: string, seq: number, ownsRoom: boolean): boolean {
+    const props = this.version === 5 && (meta !== null || subId > 0) ? encodePublishProperties(publishPropertiesOf(meta, Date.now(), subId > 0 ? [subId] : [])) : null;
+    const size = publishSize(Buffer.byteLength(topic), payload.length, qos, this.version, props?.length ?? 1);
+    if (size > this.clientMaxPacket) {
+      this.host.logger.warn("mqtt message larger than the client's maximum packet size, not sent to it", { client: this.clientId, topic, bytes: size, max: this.clientMaxPacket });
+      return false;
+    }
+    if (this.closed) return false;
+    if (qos === 0) {
+      this.wire.write(encodePublish(topic, payload, 0, undefined, false, this.version, retain, props));
+      return false;
+    }
+    const id = this.takeId({ from, channel, seq, qos, released: false, ownsRoom });
     // Only a durable subscription gets anything again (a live one's unacknowledged messages go with it).
-    const durable = from.subscription.durable;
-    const dup = durable && this.host.sessions.sentBefore(this.clientId, m.channel, m.seq);
-    if (durable) this.host.sessions.sending(this.clientId, m.channel, m.seq);
-    if (!this.closed) this.wire.write(encodePublish(topic, payload, 1, id, dup, this.version));
+    const durable = from?.subscription.durable === true;
+    const dup = durable && this.host.sessions.sentBefore(this.clientId, channel, seq);
+    if (durable) this.host.sessions.sending(this.clientId, channel, seq);
+    this.wire.write(encodePublish(topic, payload, qos, id, dup, this.version, retain, props));
+    return true;
+  }
+
+  /** The message of `f` is done with: its source's cursor may move, and its room in the window is given back. */
+  private done(f: InFlight): void {
+    if (f.from) f.from.subscription.acked(f.from.delivery);
+    if (f.ownsRoom) this.window.give(0);
   }
 
   private puback(id: number): void {
     const f = this.inflight.get(id);
-    if (!f) return;
+    if (!f || f.qos !== 1) return;
     this.inflight.delete(id);
     // Either gives its room in the window back, which wakes every subscription waiting for it.
-    if (f.from) f.from.subscription.acked(f.from.delivery);
-    else this.window.give(0);
+    this.done(f);
+    if (this.retainedOut.length > 0) this.sendRetained();
+  }
+
+  /**
+   * PUBREC for a QoS 2 message: the client has it, so its cursor moves now
+   * and only the packet id is kept (and saved, for a persistent session)
+   * until PUBCOMP; the message keeps its room in the window until then.
+   */
+  private pubrec(id: number, reason: number): void {
+    const f = this.inflight.get(id);
+    if (!f || f.qos !== 2) {
+      if (this.version === 5) this.send({ cmd: "pubrel", messageId: id, reasonCode: 0x92 } as Packet); // packet identifier not found
+      else this.send({ cmd: "pubrel", messageId: id } as Packet);
+      return;
+    }
+    if (reason >= 0x80) {
+      // The client refused it: done, nothing to release.
+      this.inflight.delete(id);
+      this.done(f);
+      if (this.retainedOut.length > 0) this.sendRetained();
+      return;
+    }
+    if (!f.released) {
+      f.released = true;
+      // The cursor moves now; the room is kept until PUBCOMP.
+      if (f.from) f.from.subscription.acked(f.from.delivery);
+      if (!f.ownsRoom) this.window.take(0);
+      f.ownsRoom = true;
+      f.from = null;
+      if (this.persistent) void this.host.sessions.releasing(this.clientId, id).catch(() => undefined); // logged, counted and retried by the store
+    }
+    this.send({ cmd: "pubrel", messageId: id } as Packet);
+  }
+
+  private pubcomp(id: number): void {
+    const f = this.inflight.get(id);
+    if (!f || !f.released) return;
+    this.inflight.delete(id);
+    this.window.give(0);
+    this.host.sessions.released(this.clientId, id);
     if (this.retainedOut.length > 0) this.sendRetained();
   }
 }

@@ -1,27 +1,51 @@
 /**
  * One subscription of an MQTT session: a cursor reader of its durable (or
  * live-only) subscriber, drawing on the session's window, one message per
- * delivery.
+ * delivery. Records are read as stored (the payload's bytes and the MQTT
+ * fields are found by scanning them, not by decoding the envelope).
  */
-import type { Message } from "../envelope/envelope.ts";
-import { CursorReader, type Delivery as ReaderDelivery, MESSAGES } from "../messenger/cursor-reader.ts";
-import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
+import { CursorReader, type Delivery as ReaderDelivery, STORED } from "../messenger/cursor-reader.ts";
+import type { DurableSubscriber, StoredEnvelope } from "../messenger/durable-subscriber.ts";
 import type { Window } from "../messenger/window.ts";
 
-/** Which subscription, and which of its reader's deliveries, a message sent to the client came from. */
+/** What a message sent to a client came from: a subscription of its own, or a shared subscription's group. */
+export interface DeliverySource {
+  /** The client acknowledged the delivery (or it was passed over): its reader's cursor may move. */
+  acked(d: ReaderDelivery<StoredEnvelope>): void;
+  /** Kept while the client is away, with DUP marks per client (a shared group's are not: another member may get it). */
+  readonly durable: boolean;
+}
+
+/** Which source, and which of its reader's deliveries, a message sent to the client came from. */
 export interface SentFrom {
-  subscription: MqttSubscription;
-  delivery: ReaderDelivery<Message>;
+  subscription: DeliverySource;
+  delivery: ReaderDelivery<StoredEnvelope>;
+}
+
+/** MQTT 5 subscription options (3.1.1: all off), kept with the subscription. */
+export interface SubscriptionOptions {
+  /** Granted QoS; a SUBSCRIBE to the same filter again may change it in place. */
+  qos: 0 | 1 | 2;
+  /** Not the client's own publishes. */
+  noLocal: boolean;
+  /** The RETAIN flag as published, not cleared on live messages. */
+  retainAsPublished: boolean;
+  /** Subscription identifier sent with every message it matches (0: none). */
+  id: number;
 }
 
 /** What a subscription needs of its session. */
 export interface SubscriptionOwner {
-  /** QoS 1 messages in flight to the client, over every subscription and retained messages. */
+  /** QoS 1 and 2 messages in flight to the client, over every subscription and retained messages. */
   readonly window: Window;
   /** Whether the logged-in user may receive messages of `channel`. */
   mayReceive(channel: string): boolean;
-  /** Sends one stored message to the client (QoS 1: `from` is acknowledged when the client acks). */
-  deliver(m: Message, qos: 0 | 1, from: SentFrom | null): void;
+  /**
+   * Sends one stored record to the client, or passes over it; when it is
+   * sent at QoS 1 or 2 the session acknowledges `from` on the client's ack,
+   * and returns true; false: done with it now (sent at QoS 0, or passed over).
+   */
+  deliver(r: StoredEnvelope, from: SentFrom, sub: MqttSubscription): boolean;
   /** Resolves when the client's socket has room again. */
   writable(): Promise<void>;
   /** Ends the session after an internal failure. */
@@ -33,21 +57,28 @@ export interface SubscriptionOwner {
  * drawing on the session's window (the receive maximum spans every
  * subscription), one message per delivery.
  */
-export class MqttSubscription {
+export class MqttSubscription implements DeliverySource {
+  /** The keyop pattern it reads (one MQTT filter may map to two). */
   readonly pattern: string;
-  /** Granted QoS; a SUBSCRIBE to the same filter again may change it in place. */
-  qos: 0 | 1;
-  private readonly reader: CursorReader<Message>;
+  /** The MQTT filter it was made for. */
+  readonly filter: string;
+  options: SubscriptionOptions;
+  private readonly reader: CursorReader<StoredEnvelope>;
   private readonly session: SubscriptionOwner;
   /** A durable subscriber (kept while the client is away), not a live-only one. */
   readonly durable: boolean;
 
-  constructor(session: SubscriptionOwner, sub: DurableSubscriber, pattern: string, qos: 0 | 1, durable: boolean) {
+  constructor(session: SubscriptionOwner, sub: DurableSubscriber, pattern: string, filter: string, options: SubscriptionOptions, durable: boolean) {
     this.durable = durable;
     this.session = session;
     this.pattern = pattern;
-    this.qos = qos;
-    this.reader = new CursorReader(sub, { form: MESSAGES, window: session.window, unit: "record", maxRecords: 500 });
+    this.filter = filter;
+    this.options = options;
+    this.reader = new CursorReader(sub, { form: STORED, window: session.window, unit: "record", maxRecords: 500 });
+  }
+
+  get qos(): 0 | 1 | 2 {
+    return this.options.qos;
   }
 
   start(): void {
@@ -59,16 +90,9 @@ export class MqttSubscription {
       const ds = await this.reader.next();
       if (ds === null) return;
       for (const d of ds) {
-        const m = d.records[0]!;
-        if (!this.session.mayReceive(m.channel)) {
-          // Outside the user's subscribe rules: passed over, as a hub passes over what a peer may not get.
-          this.reader.ack(d);
-        } else if (this.qos === 0) {
-          this.session.deliver(m, 0, null);
-          this.reader.ack(d);
-        } else {
-          this.session.deliver(m, 1, { subscription: this, delivery: d });
-        }
+        const r = d.records[0]!;
+        // Outside the user's subscribe rules: passed over, as a hub passes over what a peer may not get.
+        if (!this.session.mayReceive(r.channel) || !this.session.deliver(r, { subscription: this, delivery: d }, this)) this.reader.ack(d);
       }
       // A client that reads slower than messages come (QoS 0 has no window) holds its delivery here.
       await this.session.writable();
@@ -76,7 +100,7 @@ export class MqttSubscription {
   }
 
   /** The client acknowledged `d` (or it was passed over): the cursor moves past every acknowledged prefix. */
-  acked(d: ReaderDelivery<Message>): void {
+  acked(d: ReaderDelivery<StoredEnvelope>): void {
     this.reader.ack(d);
   }
 

@@ -62,7 +62,8 @@ async function retrying<T>(fn: () => Promise<T>, ms = 30_000): Promise<T> {
  * costs a retry and cannot hang the read.
  */
 async function streamRecords(channel: string): Promise<{ id: string; channel: string; subject: string; route: string[] }[]> {
-  const jsm = await nc.jetstreamManager();
+  // (Asks the cluster for account info: during a leader election that can time out, so retried too.)
+  const jsm = await retrying(() => nc.jetstreamManager());
   const subject = `kp.${channel}`;
   const out: { id: string; channel: string; subject: string; route: string[] }[] = [];
   let seq = 1;
@@ -183,7 +184,7 @@ afterAll(async () => {
 
 describe("hub tier on JetStream", () => {
   test("the hubs provision the stream as configured: R3, the subjects under the prefix, the duplicate window", async () => {
-    const jsm = await nc.jetstreamManager();
+    const jsm = await retrying(() => nc.jetstreamManager());
     const info = await jsm.streams.info(STREAM);
     expect(info.config.subjects).toEqual(["kp.t.>"]);
     expect(info.config.num_replicas).toBe(3);
@@ -231,7 +232,7 @@ describe("hub tier on JetStream", () => {
   }, 120_000);
 
   test("the stream leader SIGKILLed during a transfer: the hub resends with the same ids, nothing lost, nothing twice", async () => {
-    const jsm = await nc.jetstreamManager();
+    const jsm = await retrying(() => nc.jetstreamManager());
     const leader = await retrying(async () => (await jsm.streams.info(STREAM)).cluster!.leader!);
     const before = await streamCount();
     const ids: string[] = [];
@@ -281,7 +282,7 @@ describe("hub tier on JetStream", () => {
 
   test("a board behind catches up on a consumer of its own while commands keep coming, then joins the hub's live feed: all in order, once", async () => {
     const js = nc.jetstream();
-    const jsm = await nc.jetstreamManager();
+    const jsm = await retrying(() => nc.jetstreamManager());
     const send = async (from: number, n: number) => {
       for (let i = from; i < from + n; i++) await js.publish("kp.cmd.board.bulk", JSON.stringify({ n: i }));
     };
@@ -337,7 +338,7 @@ describe("hub tier on JetStream", () => {
     const kv = await js.views.kv("keyop_positions");
     await waitFor(async () => (await kv.get("hub.board.SMALL"))?.string() === "5", "the board's position in SMALL is 5", 10_000, 20);
     // The board goes away; 200 more arrive, and the stream's 8 KiB keep only the newest.
-    const jsm = await nc.jetstreamManager();
+    const jsm = await retrying(() => nc.jetstreamManager());
     board.child.proc.kill("SIGTERM");
     await board.child.proc.exited;
     await send(5, 200);

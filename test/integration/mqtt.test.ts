@@ -146,8 +146,8 @@ describe("MQTT listener", () => {
   test("a retained will is kept as the channel's retained message", async () => {
     const dying = await client({ clientId: "dev7", will: { topic: "status/dev7", payload: Buffer.from("offline"), qos: 1, retain: true } });
     (dying as unknown as { stream: { destroy(): void } }).stream.destroy();
-    // Stored as retained at QoS 1 (the file name says which), and in the log.
-    await waitFor(() => existsSync(join(agent.dataDir, "mqtt-retained", "status.dev7.retained1")), "the retained will on disk");
+    // Stored as retained (a file of its own), and in the log.
+    await waitFor(() => existsSync(join(agent.dataDir, "mqtt-retained", "status.dev7.rmsg")), "the retained will on disk");
     expect((await api("GET", "/v1/channels/status.dev7/messages?subscriber=w&from=earliest")).messages.map((m: any) => m.payload)).toEqual(["offline"]);
     let resolve!: (m: { payload: string; retain: boolean; qos: number }) => void;
     const got = new Promise<{ payload: string; retain: boolean; qos: number }>((r) => (resolve = r));

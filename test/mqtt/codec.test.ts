@@ -6,7 +6,8 @@
  */
 import { describe, expect, test } from "bun:test";
 import mqtt, { type Packet } from "mqtt-packet";
-import { decodeFast, encodePublish, MqttFrameError, MqttFramer } from "../../src/mqtt/codec.ts";
+import { decodeFast, encodePublish, MqttFrameError, MqttFramer, type Publish } from "../../src/mqtt/codec.ts";
+import { encodePublishProperties, readPublishProperties } from "../../src/mqtt/properties.ts";
 
 /** mqtt-packet's reading of `bytes` (one whole packet), with the protocol version set. */
 function reference(bytes: Buffer, version: number): Packet {
@@ -124,20 +125,75 @@ describe("decodeFast", () => {
     expect(decodeFast(p!, 5)).toEqual({ cmd: "pingreq" });
   });
 
-  test("leaves to mqtt-packet what it does not handle: v5 properties, v5 PUBACK with a reason, other packets", () => {
-    const withProps = mqtt.generate({ cmd: "publish", topic: "a", payload: Buffer.from("x"), qos: 1, messageId: 1, retain: false, dup: false, properties: { userProperties: { k: "v" } } } as Packet, {
-      protocolVersion: 5,
-    });
+  test("leaves to mqtt-packet what it does not handle: v5 PUBACK with a reason, other packets", () => {
     const failedAck = mqtt.generate({ cmd: "puback", messageId: 2, reasonCode: 0x80 } as Packet, { protocolVersion: 5 });
     const subscribe = mqtt.generate({ cmd: "subscribe", messageId: 3, subscriptions: [{ topic: "a/#", qos: 1 }] } as Packet);
     for (const [bytes, version] of [
-      [withProps, 5],
       [failedAck, 5],
       [subscribe, 4],
     ] as const) {
       const [f] = new MqttFramer(1 << 20).feed(bytes);
       expect(decodeFast(f!, version)).toBeNull();
     }
+  });
+
+  test("reads a v5 PUBLISH's properties as mqtt-packet does, user properties in their order across names", () => {
+    const properties = {
+      payloadFormatIndicator: true,
+      messageExpiryInterval: 70_000,
+      contentType: "text/plain; charset=utf-8",
+      responseTopic: "reply/here",
+      correlationData: Buffer.from([0, 1, 0xff]),
+      topicAlias: 3,
+      userProperties: { a: ["1", "3"], b: "2" },
+    };
+    const bytes = mqtt.generate({ cmd: "publish", topic: "t/x", payload: Buffer.from("body"), qos: 1, messageId: 9, retain: true, dup: false, properties } as Packet, { protocolVersion: 5 });
+    const [f] = new MqttFramer(1 << 20).feed(bytes);
+    const p = decodeFast(f!, 5) as Publish;
+    const ref = reference(bytes, 5) as Packet & { properties: typeof properties };
+    expect({ topic: p.topic, payload: Buffer.from(p.payload as Buffer).toString(), retain: p.retain, messageId: p.messageId }).toEqual({ topic: "t/x", payload: "body", retain: true, messageId: 9 });
+    expect(p.props).toEqual({
+      payloadFormat: 1,
+      messageExpiry: ref.properties.messageExpiryInterval,
+      contentType: ref.properties.contentType,
+      responseTopic: ref.properties.responseTopic,
+      correlationData: new Uint8Array(ref.properties.correlationData),
+      topicAlias: 3,
+      // mqtt-packet writes a name's values together; the order on the wire is what keyop keeps.
+      userProperties: [
+        ["a", "1"],
+        ["a", "3"],
+        ["b", "2"],
+      ],
+    });
+    // Interleaved names keep their order (mqtt-packet's object could not hold it).
+    const props = encodePublishProperties({ userProperties: [["x", "1"], ["y", "2"], ["x", "3"]] });
+    expect(readPublishProperties(props, 0).props.userProperties).toEqual([["x", "1"], ["y", "2"], ["x", "3"]]);
+  });
+
+  test("a v5 PUBLISH with a repeated, unknown or client-forbidden property is a protocol error", () => {
+    const publishWith = (props: number[]) => {
+      const topic = [0, 1, 0x74];
+      const body = [...topic, 0, 1, props.length, ...props, 0x78];
+      return Buffer.from([0x32, body.length, ...body]);
+    };
+    for (const props of [
+      [0x01, 1, 0x01, 1], // payload format twice
+      [0x01, 2], // payload format 2
+      [0x0b, 5], // subscription identifier from a client
+      [0x27, 0, 0, 0, 1], // maximum packet size: not a PUBLISH property
+    ]) {
+      const [f] = new MqttFramer(1 << 20).feed(publishWith(props));
+      expect(() => decodeFast(f!, 5)).toThrow(MqttFrameError);
+    }
+  });
+
+  test("what encodePublishProperties writes, mqtt-packet reads back", () => {
+    const props = encodePublishProperties({ payloadFormat: 1, messageExpiry: 5, contentType: "c", responseTopic: "r/t", correlationData: Uint8Array.of(7), subscriptionIds: [200], topicAlias: 2, userProperties: [["k", "v"]] });
+    const bytes = encodePublish("t", Buffer.from("p"), 2, 7, false, 5, true, props);
+    const ref = reference(bytes, 5) as Packet & { properties: Record<string, unknown>; retain: boolean; qos: number };
+    expect([ref.retain, ref.qos]).toEqual([true, 2]);
+    expect(ref.properties).toEqual({ payloadFormatIndicator: true, messageExpiryInterval: 5, contentType: "c", responseTopic: "r/t", correlationData: Buffer.from([7]), subscriptionIdentifier: 200, topicAlias: 2, userProperties: { k: "v" } });
   });
 });
 

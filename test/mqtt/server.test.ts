@@ -96,7 +96,7 @@ describe("MQTT listener, raw packets", () => {
     expect(await stored("raw.brief")).toEqual(["hello", "will"]);
   });
 
-  test("QoS 2: a publish is stored once however often it comes before PUBREL; the id is free again after it; a QoS 2 subscription is granted 1", async () => {
+  test("QoS 2: a publish is stored once however often it comes before PUBREL; the id is free again after it; a QoS 2 subscription gets QoS 2 (PUBREC, PUBREL, PUBCOMP)", async () => {
     const c = await raw();
     const pub = (payload: string, dup: boolean): Packet => ({ cmd: "publish", topic: "raw/q2", payload: Buffer.from(payload), qos: 2, messageId: 5, retain: false, dup }) as Packet;
     c.send(connect("q2"), pub("once", false), pub("once", true));
@@ -108,7 +108,14 @@ describe("MQTT listener, raw packets", () => {
     expect(await stored("raw.q2")).toEqual(["once", "again"]);
     c.send({ cmd: "subscribe", messageId: 9, subscriptions: [{ topic: "raw/q2", qos: 2 }] } as Packet);
     await waitFor(() => c.packets.some((p) => p.cmd === "suback"), "SUBACK");
-    expect((c.packets.find((p) => p.cmd === "suback") as { granted: number[] }).granted).toEqual([1]);
+    expect((c.packets.find((p) => p.cmd === "suback") as { granted: number[] }).granted).toEqual([2]);
+    // Delivered at QoS 2: PUBLISH, PUBREC from the client, PUBREL from keyop, PUBCOMP.
+    c.send({ cmd: "publish", topic: "raw/q2", payload: Buffer.from("third"), qos: 2, messageId: 6, retain: false, dup: false } as Packet);
+    const out = (await waitFor(() => c.packets.find((p) => p.cmd === "publish"), "the message at QoS 2")) as Packet & { qos: number; messageId: number; payload: Buffer };
+    expect([out.qos, out.payload.toString()]).toEqual([2, "third"]);
+    c.send({ cmd: "pubrec", messageId: out.messageId } as Packet);
+    await waitFor(() => c.packets.some((p) => p.cmd === "pubrel" && (p as { messageId: number }).messageId === out.messageId), "PUBREL");
+    c.send({ cmd: "pubcomp", messageId: out.messageId } as Packet);
     c.end();
   });
 
