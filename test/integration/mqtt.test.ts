@@ -335,6 +335,17 @@ describe("MQTT across a hub", () => {
       await waitFor(() => seen.length >= odd.length, "the escaped topics at B", 20_000, 20);
       expect(seen.sort()).toEqual([...odd].sort());
       await sub.endAsync();
+      // MQTT 5 properties given on A come out on B as they were given.
+      const sub5 = await mqtt.connectAsync(`mqtt://127.0.0.1:${mqttB}`, { protocolVersion: 5, clientId: "plant-reader-5", clean: true, reconnectPeriod: 0 });
+      const got5 = new Promise<Record<string, unknown>>((r) => sub5.on("message", (_t, _p, packet) => r(packet.properties as Record<string, unknown>)));
+      await sub5.subscribeAsync("plant/props", { qos: 1 });
+      const pub5 = ["mosquitto_pub", "-V", "5", "-p", String(mqttA), "-t", "plant/props", "-m", "x", "-q", "1"];
+      const props = ["-D", "publish", "user-property", "line", "1", "-D", "publish", "user-property", "shift", "night", "-D", "publish", "content-type", "text/x", "-D", "publish", "response-topic", "plant/reply", "-D", "publish", "correlation-data", "c-17", "-D", "publish", "message-expiry-interval", "600"];
+      expect((await mosq([...pub5, ...props])).code).toBe(0);
+      const p5 = await got5;
+      expect(p5).toMatchObject({ userProperties: { line: "1", shift: "night" }, contentType: "text/x", responseTopic: "plant/reply", correlationData: Buffer.from("c-17") });
+      expect(p5.messageExpiryInterval as number).toBeGreaterThan(590);
+      await sub5.endAsync();
     } finally {
       for (const x of [a, b, hub]) {
         x.child.proc.kill("SIGTERM");
