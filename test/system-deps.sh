@@ -28,6 +28,8 @@ need nats-server nats-server
 need pkg-config pkg-config
 need fusermount3 fuse3
 if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists fuse3; }; then missing+=(libfuse3-dev); fi
+# The MQTT-over-TLS device example (examples/c/mqtt_tls_device.c) links OpenSSL.
+if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; }; then missing+=(libssl-dev); fi
 # The failing-disk test makes ext4 on a loop device.
 need mkfs.ext4 e2fsprogs
 need losetup mount

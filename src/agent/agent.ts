@@ -95,7 +95,7 @@ export class Agent {
         const seeded = await federation.seedDedup();
         if (seeded > 0) logger.info("duplicate filter loaded from the log", { ids: seeded, ms: Math.round(performance.now() - t0) });
       }
-      if (config.mqtt) mqttServer = await MqttServer.start(messenger, config.mqtt, logger, config.storage.dataDir);
+      if (config.mqtt) mqttServer = await MqttServer.start(messenger, config.mqtt, logger, config.storage.dataDir, tls);
       const api = await ApiServer.start({
         socketPath: config.api.socket,
         socketMode: config.api.socketMode,
@@ -166,6 +166,7 @@ export class Agent {
       }
       this.tls = next;
       this.federation?.reloadTls(next);
+      this.mqtt?.reloadTls(next);
       for (const w of expiryWarnings(next)) this.logger.warn("certificate expiry", { warning: w });
       this.logger.info("tls material reloaded", tlsStatus(next));
       return true;

@@ -65,6 +65,12 @@ export interface MqttConfig {
   listen: string | undefined;
   /** Unix socket path. */
   socket: string | undefined;
+  /** MQTT over TLS, host:port (8883 by convention), with the agent's tls.{cert,key,ca}. */
+  tlsListen: string | undefined;
+  /** MQTT over WebSocket, host:port. */
+  wsListen: string | undefined;
+  /** MQTT over WebSocket over TLS, host:port. */
+  wssListen: string | undefined;
   maxClients: number;
   /** Unacknowledged QoS 1 messages sent to one client at most. */
   maxInflight: number;
@@ -81,10 +87,14 @@ export interface MqttConfig {
   users: MqttUser[];
 }
 
-/** An MQTT login: a password hash (`keyop passwd`) and the channel patterns the user may use. */
+/**
+ * An MQTT login and the channel patterns the user may use: a password hash
+ * (`keyop passwd`), or none for a user who logs in with a client
+ * certificate of that CN only (over TLS).
+ */
 export interface MqttUser {
   name: string;
-  passwordHash: string;
+  passwordHash: string | undefined;
   publish: string[];
   subscribe: string[];
 }
@@ -215,14 +225,28 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     log: { level, format: r.oneOf(log.format, "log.format", ["json", "text"] as const) ?? "json" },
     mqtt: undefined,
   };
-  const mqttRaw = r.obj(top.mqtt, "mqtt", ["listen", "socket", "max_clients", "max_inflight", "max_packet_bytes", "payload_type", "session_expiry", "users"]);
+  const mqttRaw = r.obj(top.mqtt, "mqtt", ["listen", "socket", "tls_listen", "ws_listen", "wss_listen", "max_clients", "max_inflight", "max_packet_bytes", "payload_type", "session_expiry", "users"]);
   if (top.mqtt !== undefined && top.mqtt !== null) {
     const m = mqttRaw ?? {};
     const listen = m.listen === undefined ? undefined : r.hostPort(m.listen, "mqtt.listen");
     const socket = r.str(m.socket, "mqtt.socket");
+    const tlsListen = m.tls_listen === undefined ? undefined : r.hostPort(m.tls_listen, "mqtt.tls_listen");
+    const wsListen = m.ws_listen === undefined ? undefined : r.hostPort(m.ws_listen, "mqtt.ws_listen");
+    const wssListen = m.wss_listen === undefined ? undefined : r.hostPort(m.wss_listen, "mqtt.wss_listen");
+    for (const [key, v] of [
+      ["mqtt.tls_listen", m.tls_listen],
+      ["mqtt.wss_listen", m.wss_listen],
+    ] as const) {
+      if (v !== undefined && !cfg.tls) r.fail(key, "needs tls.cert, tls.key and tls.ca (the agent's certificate and the keyop CA)");
+    }
+    const none = [m.listen, m.socket, m.tls_listen, m.ws_listen, m.wss_listen].every((v) => v === undefined);
     cfg.mqtt = {
-      listen: listen ?? (m.listen === undefined && socket === undefined ? "127.0.0.1:1883" : undefined),
+      // Nothing named: plain MQTT on the loopback, as before there were other listeners.
+      listen: listen ?? (none ? "127.0.0.1:1883" : undefined),
       socket,
+      tlsListen,
+      wsListen,
+      wssListen,
       maxClients: r.int(m.max_clients, "mqtt.max_clients", 1, 1_000_000) ?? 1000,
       maxInflight: r.int(m.max_inflight, "mqtt.max_inflight", 1, 65_535) ?? 64,
       maxPacketBytes: r.size(m.max_packet_bytes, "mqtt.max_packet_bytes", 64) ?? 1024 * 1024,
@@ -239,11 +263,11 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
         return;
       }
       const uname = r.required(o.name, `${path}.name`, r.str);
-      const hash = r.required(o.password_hash, `${path}.password_hash`, r.str);
+      const hash = r.str(o.password_hash, `${path}.password_hash`);
       if (hash !== undefined && !hash.startsWith("$")) r.fail(`${path}.password_hash`, "must be a hash made by keyop passwd (it starts with $)");
       if (uname && seenUsers.has(uname)) r.fail(`${path}.name`, `duplicate user "${uname}"`);
       if (uname) seenUsers.add(uname);
-      if (uname && hash) cfg.mqtt!.users.push({ name: uname, passwordHash: hash, publish: r.patterns(o.publish, `${path}.publish`), subscribe: r.patterns(o.subscribe, `${path}.subscribe`) });
+      if (uname) cfg.mqtt!.users.push({ name: uname, passwordHash: hash, publish: r.patterns(o.publish, `${path}.publish`), subscribe: r.patterns(o.subscribe, `${path}.subscribe`) });
     });
   }
   if (cfg.subscribers.retryBackoffMaxMs < cfg.subscribers.retryBackoffBaseMs) {

@@ -1,9 +1,11 @@
 /**
- * The MQTT listener: MQTT 3.1.1 and 5.0 on a TCP address and/or a Unix
- * socket, one MqttSession per connection. Packets are parsed and written
- * by mqtt-packet; the session rules are keyop's (src/mqtt/session.ts).
+ * The MQTT listener: MQTT 3.1.1 and 5.0 on a TCP address, a Unix socket,
+ * TLS (a client certificate signed by the keyop CA logs in as its CN), and
+ * WebSocket (plain or over TLS), one MqttSession per connection whatever
+ * the transport. The session rules are keyop's (src/mqtt/session.ts).
  */
-import type { Socket, TCPSocketListener, UnixSocketListener } from "bun";
+import type { Server, ServerWebSocket, Socket, TCPSocketListener, UnixSocketListener } from "bun";
+import { bunOptionalClientCertOptions, verifyPeer, type TlsMaterial } from "../pki/tls.ts";
 import type { MqttConfig } from "../config/schema.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
@@ -18,6 +20,24 @@ import { OutQueue } from "../net/out-queue.ts";
 interface Conn {
   session?: MqttSession;
   out: OutQueue;
+  /** TLS: what the client sent before its certificate was checked (no session yet). */
+  early?: Uint8Array[];
+  earlyBytes?: number;
+}
+
+/** A WebSocket connection's state. */
+interface WsConn {
+  session?: MqttSession;
+  out?: OutQueue;
+  waiters: (() => void)[];
+}
+
+/** Bytes a TLS client may send before its certificate is checked. */
+const MAX_EARLY_BYTES = 64 * 1024;
+
+function splitHostPort(hostPort: string): { hostname: string; port: number } {
+  const i = hostPort.lastIndexOf(":");
+  return { hostname: hostPort.slice(0, i).replace(/^\[|\]$/g, ""), port: Number(hostPort.slice(i + 1)) };
 }
 
 /** How often expired persistent sessions are looked for (a session's own expiry also sets a timer). */
@@ -33,6 +53,11 @@ export class MqttServer implements SessionHost {
   readonly logger: Logger;
   private tcp: TCPSocketListener<Conn> | null = null;
   private unix: UnixSocketListener<Conn> | null = null;
+  private tlsListener: TCPSocketListener<Conn> | null = null;
+  private ws: Server<WsConn> | null = null;
+  private wss: Server<WsConn> | null = null;
+  private wsSockets = new Set<ServerWebSocket<WsConn>>();
+  private tls: TlsMaterial | undefined;
   private readonly clients = new Map<string, MqttSession>();
   private readonly sockets = new Set<Socket<Conn>>();
   readonly retained: RetainedStore;
@@ -54,7 +79,7 @@ export class MqttServer implements SessionHost {
   }
 
   /** Starts listening on what `cfg` names; retained messages live under `dataDir`. */
-  static async start(messenger: Messenger, cfg: MqttConfig, logger: Logger, dataDir: string): Promise<MqttServer> {
+  static async start(messenger: Messenger, cfg: MqttConfig, logger: Logger, dataDir: string, tls?: TlsMaterial): Promise<MqttServer> {
     const lastSeqs = new Map(messenger.channelLogs().map((l) => [l.name, l.nextSeq - 1]));
     const sessions = await SessionStore.open(join(dataDir, "mqtt-sessions"), lastSeqs, logger);
     const s = new MqttServer(messenger, cfg, logger, await RetainedStore.open(join(dataDir, "mqtt-retained")), sessions);
@@ -75,11 +100,23 @@ export class MqttServer implements SessionHost {
     await s.sweep();
     s.sweeper = setInterval(() => void s.sweep(), SWEEP_EVERY_MS);
     s.sweeper.unref?.();
-    const handlers = s.handlers();
+    s.tls = tls;
+    const handlers = s.handlers(false);
     if (cfg.listen) {
-      const i = cfg.listen.lastIndexOf(":");
-      s.tcp = Bun.listen<Conn>({ hostname: cfg.listen.slice(0, i).replace(/^\[|\]$/g, ""), port: Number(cfg.listen.slice(i + 1)), socket: handlers });
-      logger.info("mqtt listening", { listen: `${cfg.listen.slice(0, i)}:${s.tcp.port}` });
+      s.tcp = Bun.listen<Conn>({ ...splitHostPort(cfg.listen), socket: handlers });
+      logger.info("mqtt listening", { listen: `${splitHostPort(cfg.listen).hostname}:${s.tcp.port}` });
+    }
+    if (cfg.tlsListen && tls) {
+      s.tlsListener = s.listenTls(cfg.tlsListen, tls, splitHostPort(cfg.tlsListen).port);
+      logger.info("mqtt listening", { tls_listen: `${splitHostPort(cfg.tlsListen).hostname}:${s.tlsListener.port}` });
+    }
+    if (cfg.wsListen) {
+      s.ws = s.serveWs(cfg.wsListen, undefined, splitHostPort(cfg.wsListen).port);
+      logger.info("mqtt listening", { ws_listen: `${splitHostPort(cfg.wsListen).hostname}:${s.ws.port}` });
+    }
+    if (cfg.wssListen && tls) {
+      s.wss = s.serveWs(cfg.wssListen, tls, splitHostPort(cfg.wssListen).port);
+      logger.info("mqtt listening", { wss_listen: `${splitHostPort(cfg.wssListen).hostname}:${s.wss.port}` });
     }
     if (cfg.socket) {
       await prepareSocketPath(cfg.socket);
@@ -94,7 +131,48 @@ export class MqttServer implements SessionHost {
     return this.tcp?.port;
   }
 
-  private handlers() {
+  /** The ports of the TLS and WebSocket listeners (tests listen on port 0). */
+  get ports(): { tls?: number; ws?: number; wss?: number } {
+    return { tls: this.tlsListener?.port, ws: this.ws?.port, wss: this.wss?.port };
+  }
+
+  /** New TLS material (SIGHUP): new connections use it, established ones stay up. */
+  reloadTls(tls: TlsMaterial): void {
+    this.tls = tls;
+    if (this.tlsListener && this.cfg.tlsListen) {
+      const port = this.tlsListener.port;
+      this.tlsListener.stop(false);
+      this.tlsListener = this.listenTls(this.cfg.tlsListen, tls, port);
+    }
+    if (this.wss && this.cfg.wssListen) {
+      const port = this.wss.port!;
+      this.wss.stop(false);
+      this.wss = this.serveWs(this.cfg.wssListen, tls, port);
+    }
+  }
+
+  private listenTls(hostPort: string, tls: TlsMaterial, port: number): TCPSocketListener<Conn> {
+    return Bun.listen<Conn>({ hostname: splitHostPort(hostPort).hostname, port, tls: bunOptionalClientCertOptions(tls), socket: this.handlers(true) });
+  }
+
+  private session(sock: Socket<Conn>, identity?: { certUser: string }): MqttSession {
+    const out = sock.data.out;
+    return new MqttSession(
+      this,
+      {
+        write: (bytes) => out.push(bytes),
+        writable: () => out.writable(),
+        end() {
+          out.flushNow();
+          out.close();
+          sock.end();
+        },
+      },
+      identity,
+    );
+  }
+
+  private handlers(tls: boolean) {
     const self = this;
     return {
       open(sock: Socket<Conn>) {
@@ -104,19 +182,47 @@ export class MqttServer implements SessionHost {
         if (sock.remoteAddress) sock.setNoDelay(true);
         sock.data = { out };
         self.sockets.add(sock);
-        sock.data.session = new MqttSession(self, {
-          write: (bytes) => out.push(bytes),
-          writable: () => out.writable(),
-          end() {
-            out.flushNow();
-            out.close();
+        // Over TLS the session starts once the client's certificate (if any) is checked.
+        if (tls) sock.data.early = [];
+        else sock.data.session = self.session(sock);
+      },
+      handshake(sock: Socket<Conn>, ok: boolean, err: Error | null) {
+        if (!tls) return;
+        const start = (identity?: { certUser: string }) => {
+          if (sock.data.session || !self.sockets.has(sock)) return;
+          sock.data.session = self.session(sock, identity);
+          const early = sock.data.early ?? [];
+          sock.data.early = undefined;
+          for (const chunk of early) sock.data.session.data(chunk);
+        };
+        let presented = false;
+        try {
+          presented = (sock.getPeerX509Certificate()?.raw?.length ?? 0) > 0;
+        } catch {
+          presented = false;
+        }
+        // No certificate: a password login (or none, without mqtt.users), as over TCP.
+        if (!presented) return start();
+        verifyPeer(sock as never, ok, err, self.tls!, "client", new Date(), "TLSv1.2").then(
+          (peer) => start({ certUser: peer.name }),
+          (e: unknown) => {
+            // A certificate that fails is refused outright: a device with a wrong one must hear of it.
+            self.logger.warn("mqtt client certificate refused", { remote: sock.remoteAddress, reason: e instanceof Error ? e.message : String(e) });
+            sock.data.early = [];
             sock.end();
           },
-        });
+        );
       },
       data(sock: Socket<Conn>, chunk: Uint8Array) {
+        if (!sock.data.session) {
+          // Before the certificate check: held (a copy: the buffer is reused), up to a limit.
+          sock.data.earlyBytes = (sock.data.earlyBytes ?? 0) + chunk.length;
+          if (sock.data.earlyBytes > MAX_EARLY_BYTES) return void sock.end();
+          sock.data.early?.push(new Uint8Array(chunk));
+          return;
+        }
         try {
-          sock.data.session?.data(chunk);
+          sock.data.session.data(chunk);
         } catch (err) {
           // Whatever a client sends, the process goes on: that connection ends.
           sock.data.session?.fail(`internal error: ${String(err)}`);
@@ -180,12 +286,73 @@ export class MqttServer implements SessionHost {
     return this.clients.get(clientId);
   }
 
+  /**
+   * MQTT over WebSocket (`tls`: over TLS): the `mqtt` subprotocol on any
+   * path; each binary message carries stream bytes, as a TCP read would.
+   */
+  private serveWs(hostPort: string, tls: TlsMaterial | undefined, port: number): Server<WsConn> {
+    const self = this;
+    return Bun.serve<WsConn>({
+      hostname: splitHostPort(hostPort).hostname,
+      port,
+      ...(tls ? { tls: { cert: tls.certPem, key: tls.keyPem } } : {}),
+      fetch(req, server) {
+        const asked = (req.headers.get("sec-websocket-protocol") ?? "").split(",").map((p) => p.trim());
+        const headers: Record<string, string> = asked.includes("mqtt") ? { "Sec-WebSocket-Protocol": "mqtt" } : {};
+        if (server.upgrade(req, { data: { waiters: [] }, headers })) return undefined;
+        return new Response("MQTT over WebSocket: connect with a WebSocket client, subprotocol mqtt\n", { status: 426, headers: { Upgrade: "websocket" } });
+      },
+      websocket: {
+        maxPayloadLength: self.cfg.maxPacketBytes + 16,
+        open(ws) {
+          self.wsSockets.add(ws);
+          // Bun keeps what the socket did not take yet: all of it counts as written, and the
+          // session waits (writable) while more than the high-water mark is buffered.
+          const out = new OutQueue((b) => (ws.sendBinary(b) === 0 ? -1 : b.length), CLIENT_HIGH_WATER_BYTES);
+          ws.data.out = out;
+          ws.data.session = new MqttSession(self, {
+            write: (bytes) => out.push(bytes),
+            writable: () =>
+              ws.getBufferedAmount() <= CLIENT_HIGH_WATER_BYTES ? out.writable() : new Promise<void>((r) => ws.data.waiters.push(r)),
+            end() {
+              out.flushNow();
+              out.close();
+              ws.close();
+            },
+          });
+        },
+        message(ws, msg) {
+          const bytes = typeof msg === "string" ? new TextEncoder().encode(msg) : msg;
+          try {
+            ws.data.session?.data(bytes);
+          } catch (err) {
+            ws.data.session?.fail(`internal error: ${String(err)}`);
+          }
+        },
+        drain(ws) {
+          ws.data.out?.drained();
+          for (const w of ws.data.waiters.splice(0)) w();
+        },
+        close(ws) {
+          self.wsSockets.delete(ws);
+          ws.data.out?.close();
+          for (const w of ws.data.waiters.splice(0)) w();
+          ws.data.session?.socketClosed();
+        },
+      },
+    });
+  }
+
   /** Stops listening, closes every client connection (their wills are published), saves the session state. */
   async stop(): Promise<void> {
     if (this.sweeper) clearInterval(this.sweeper);
     this.tcp?.stop(true);
     this.unix?.stop(true);
+    this.tlsListener?.stop(true);
+    this.ws?.stop(true);
+    this.wss?.stop(true);
     for (const sock of this.sockets) sock.data.session?.socketClosed();
+    for (const ws of this.wsSockets) ws.data.session?.socketClosed();
     this.shared.stop();
     await this.sessions.close().catch((err) => this.logger.error("mqtt session state not saved", { error: String(err) }));
   }

@@ -175,9 +175,13 @@ export class MqttSession implements SharedMember {
   private mayPublish: ((channel: string) => boolean) | null = null;
   private maySubscribe: ((channel: string) => boolean) | null = null;
 
-  constructor(host: SessionHost, wire: Wire) {
+  /** Who the transport proved the client to be (a verified client certificate's CN). */
+  private readonly identity: { certUser: string } | undefined;
+
+  constructor(host: SessionHost, wire: Wire, identity?: { certUser: string }) {
     this.host = host;
     this.wire = wire;
+    this.identity = identity;
     this.window = new Window(Math.min(host.cfg.maxInflight, this.clientReceiveMax));
     this.parser = mqtt.parser({ protocolVersion: 5 });
     this.framer = new MqttFramer(host.cfg.maxPacketBytes);
@@ -362,12 +366,26 @@ export class MqttSession implements SharedMember {
     if (this.connected || this.connecting) return this.fail("second CONNECT");
     const users = this.host.cfg.users;
     if (users.length === 0) return this.accept(p);
+    // A client certificate (MQTT over TLS) names the user by its CN: no password then.
+    const certUser = this.identity?.certUser;
+    const user = users.find((u) => u.name === (certUser ?? p.username));
+    if (certUser !== undefined) {
+      this.version = p.protocolVersion === 5 ? 5 : p.protocolVersion === 3 ? 3 : 4;
+      if (!user) {
+        this.host.logger.warn("mqtt login refused: certificate CN is not in mqtt.users", { user: certUser, client: p.clientId });
+        this.send(this.version === 5 ? ({ cmd: "connack", reasonCode: 0x87, sessionPresent: false } as Packet) : ({ cmd: "connack", returnCode: 5, sessionPresent: false } as Packet));
+        return this.shutdown(false);
+      }
+      this.mayPublish = compileRules(user.publish);
+      this.maySubscribe = compileRules(user.subscribe);
+      return this.accept(p);
+    }
     // Logins are checked off the packet path (password hashes are slow on purpose); what the
     // client sends meanwhile waits.
     this.connecting = true;
-    const user = users.find((u) => u.name === p.username);
     const password = p.password ? Buffer.from(p.password).toString("utf8") : "";
-    void (user ? Bun.password.verify(password, user.passwordHash).catch(() => false) : Promise.resolve(false)).then((ok) => {
+    // A user without a password hash logs in with a certificate only.
+    void (user?.passwordHash ? Bun.password.verify(password, user.passwordHash).catch(() => false) : Promise.resolve(false)).then((ok) => {
       this.connecting = false;
       if (this.closed) return;
       this.version = p.protocolVersion === 5 ? 5 : p.protocolVersion === 3 ? 3 : 4;

@@ -105,6 +105,23 @@ export function bunTlsOptions(m: TlsMaterial): {
   };
 }
 
+/**
+ * Bun TLS options for a listener where a client certificate is welcome but
+ * not required (MQTT devices that log in with a password), TLS 1.2 or 1.3.
+ * A certificate a client does present is verified in code after the
+ * handshake (`verifyPeer`), as for federation.
+ */
+export function bunOptionalClientCertOptions(m: TlsMaterial): { cert: string; key: string; ca: string; requestCert: true; rejectUnauthorized: false; secureOptions: number } {
+  return {
+    cert: m.certPem,
+    key: m.keyPem,
+    ca: m.caPem,
+    requestCert: true,
+    rejectUnauthorized: false,
+    secureOptions: constants.SSL_OP_NO_TLSv1 | constants.SSL_OP_NO_TLSv1_1,
+  };
+}
+
 /** "certificate X expires in N days" for our own and the CA certificate, when within the warning window. */
 export function expiryWarnings(m: TlsMaterial, now = Date.now()): string[] {
   const out: string[] = [];
@@ -137,12 +154,21 @@ export interface TlsSocketLike {
  * plays (a connecting "client" must have clientAuth, a "server" serverAuth).
  * Throws `PeerRejectedError` with the reason.
  */
-export async function verifyPeer(socket: TlsSocketLike, handshakeOk: boolean, authorizationError: Error | null, m: TlsMaterial, expect: "client" | "server", now = new Date()): Promise<PeerIdentity> {
+export async function verifyPeer(
+  socket: TlsSocketLike,
+  handshakeOk: boolean,
+  authorizationError: Error | null,
+  m: TlsMaterial,
+  expect: "client" | "server",
+  now = new Date(),
+  /** Federation speaks 1.3 only; devices on MQTT over TLS (microcontrollers) may speak 1.2. */
+  minVersion: "TLSv1.3" | "TLSv1.2" = "TLSv1.3",
+): Promise<PeerIdentity> {
   const reject = (reason: string) => new PeerRejectedError(reason);
   if (authorizationError) throw reject(`TLS verification failed: ${authorizationError.message}`);
   if (!handshakeOk || !socket.authorized) throw reject("peer not authorized by the TLS handshake");
   const version = socket.getTLSVersion();
-  if (version !== "TLSv1.3") throw reject(`TLS version ${version} (1.3 required)`);
+  if (version !== "TLSv1.3" && !(minVersion === "TLSv1.2" && version === "TLSv1.2")) throw reject(`TLS version ${version} (${minVersion === "TLSv1.3" ? "1.3" : "1.2 or later"} required)`);
   let raw: Uint8Array | undefined;
   try {
     raw = socket.getPeerX509Certificate()?.raw;
