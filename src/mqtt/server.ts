@@ -242,7 +242,25 @@ export class MqttServer implements SessionHost {
     };
   }
 
+  /** Wills waiting for their delay, by client id. */
+  private readonly delayedWills = new Map<string, { timer: ReturnType<typeof setTimeout>; publish: () => void }>();
+
+  delayWill(clientId: string, ms: number, publish: () => void): void {
+    this.delayedWills.get(clientId)?.publish(); // an earlier one of the same id (a will each connection) goes now
+    const timer = setTimeout(() => {
+      this.delayedWills.delete(clientId);
+      publish();
+    }, ms);
+    this.delayedWills.set(clientId, { timer, publish });
+  }
+
   claim(clientId: string, s: MqttSession): void {
+    // Back before its will's delay passed: the will is not published (MQTT 5, 3.1.2.11.2).
+    const will = this.delayedWills.get(clientId);
+    if (will) {
+      clearTimeout(will.timer);
+      this.delayedWills.delete(clientId);
+    }
     const old = this.clients.get(clientId);
     this.clients.set(clientId, s);
     // MQTT: a second connection with the same client id takes the session over.
@@ -353,6 +371,12 @@ export class MqttServer implements SessionHost {
     this.wss?.stop(true);
     for (const sock of this.sockets) sock.data.session?.socketClosed();
     for (const ws of this.wsSockets) ws.data.session?.socketClosed();
+    // Wills still waiting for their delay go out now: their clients are gone with this process.
+    for (const [id, w] of [...this.delayedWills]) {
+      clearTimeout(w.timer);
+      this.delayedWills.delete(id);
+      w.publish();
+    }
     this.shared.stop();
     await this.sessions.close().catch((err) => this.logger.error("mqtt session state not saved", { error: String(err) }));
   }

@@ -46,6 +46,8 @@ export interface SessionHost {
   retained: RetainedStore;
   /** The listener's shared subscriptions ($share/<group>/<filter>). */
   shared: SharedSubscriptions;
+  /** Runs `publish` (a will) after `ms`, unless `clientId` connects again before. */
+  delayWill(clientId: string, ms: number, publish: () => void): void;
 }
 
 /** The socket operations a session uses. */
@@ -94,6 +96,9 @@ const MAX_WAITING_PACKETS = 1024;
 
 /** Client ids kept as they are in their session's name (what keyop accepted before any UTF-8 id). */
 const PLAIN_CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
+
+/** QoS 1 and 2 publishes a client may have unacknowledged (MQTT 5 CONNACK Receive Maximum). */
+const SERVER_RECEIVE_MAX = 65_535;
 
 /** Topic aliases a client may set (MQTT 5 CONNACK Topic Alias Maximum). */
 const TOPIC_ALIAS_MAX = 64;
@@ -145,6 +150,9 @@ export class MqttSession implements SharedMember {
   private clientIdBytes: Uint8Array = new Uint8Array(0);
   /** Topic aliases the client set (MQTT 5), for this connection only. */
   private readonly aliases = new Map<number, string>();
+  /** Topic aliases keyop set towards the client, and how many it takes (its CONNECT's Topic Alias Maximum). */
+  private readonly outAliases = new Map<string, number>();
+  private clientAliasMax = 0;
   /**
    * How long the session outlives this connection, ms: 0 for a clean 3.1.1
    * session or an MQTT 5 session expiry of 0; never more than
@@ -254,7 +262,8 @@ export class MqttSession implements SharedMember {
   fail(reason: string, code = 0x81): void {
     if (this.closed) return;
     this.host.logger.warn("mqtt client dropped", { client: this.clientId || undefined, reason });
-    if (this.connected && this.version === 5) this.send({ cmd: "disconnect", reasonCode: code } as Packet);
+    // MQTT 5 says why, in words too (unless the client asked for no problem information).
+    if (this.connected && this.version === 5) this.send({ cmd: "disconnect", reasonCode: code, ...this.reasonString(reason) } as Packet);
     this.shutdown(true);
   }
 
@@ -268,6 +277,8 @@ export class MqttSession implements SharedMember {
   private shutdown(publishWill: boolean): void {
     if (this.closed) return;
     this.closed = true;
+    // Unless a newer connection of the same client id took the session over.
+    const mine = this.connected && this.host.owner(this.clientId) === this;
     if (this.timer) clearInterval(this.timer);
     let durable = false;
     for (const d of this.subscriptions.values()) {
@@ -281,15 +292,13 @@ export class MqttSession implements SharedMember {
     for (const [key, group] of this.shared) {
       group.leave(this);
       // A persistent session still holds it while it is away; a clean one's subscription ends.
-      if (!this.persistent && this.host.owner(this.clientId) === this) this.host.shared.release(this.clientId, key);
+      if (!this.persistent && mine) this.host.shared.release(this.clientId, key);
     }
     this.shared.clear();
     this.inflight.clear();
     this.retainedOut = [];
     if (this.connected) {
-      // Unless a newer connection of the same client id took the session over, its life after
-      // this connection starts now: kept for expiryMs, or ended at once.
-      const mine = this.host.owner(this.clientId) === this;
+      // The session's life after this connection starts now: kept for expiryMs, or ended at once.
       this.host.release(this.clientId, this);
       // The session store logs, counts and retries a failed save itself.
       if (mine && this.persistent) void this.host.sessions.disconnected(this.clientId, this.expiryMs).catch(() => undefined);
@@ -300,9 +309,16 @@ export class MqttSession implements SharedMember {
     if (publishWill && this.will) {
       const w = this.will;
       this.will = undefined;
-      void this.store(w.topic, Buffer.from(w.payload), w.qos ?? 0, w.retain === true, fromPacketProperties(w.properties as Record<string, unknown> | undefined)).catch((err) =>
-        this.host.logger.warn("mqtt will not published", { client: this.clientId, error: String(err) }),
-      );
+      const publish = () =>
+        void this.store(w.topic, Buffer.from(w.payload), w.qos ?? 0, w.retain === true, fromPacketProperties(w.properties as Record<string, unknown> | undefined)).catch((err) =>
+          this.host.logger.warn("mqtt will not published", { client: this.clientId, error: String(err) }),
+        );
+      // MQTT 5 Will Delay Interval: published when it has passed or the session ends, whichever is
+      // first, unless the client connects again before (a reconnect after a short outage).
+      const delaySeconds = this.version === 5 ? Number((w.properties as { willDelayInterval?: number } | undefined)?.willDelayInterval ?? 0) : 0;
+      const delayMs = Math.min(delaySeconds * 1000, this.expiryMs);
+      if (delayMs > 0 && mine) this.host.delayWill(this.clientId, delayMs, publish);
+      else publish();
     }
     this.wire.end();
   }
@@ -362,6 +378,14 @@ export class MqttSession implements SharedMember {
     }
   }
 
+  /** MQTT 5: the client did not ask to be spared reason strings. */
+  private problemInfo = true;
+
+  /** A Reason String property for a refusal (MQTT 5 allows up to 65,535 bytes; keyop's are short). */
+  private reasonString(why: string): { properties?: { reasonString: string } } {
+    return this.problemInfo ? { properties: { reasonString: why.slice(0, 500) } } : {};
+  }
+
   private connect(p: IConnectPacket): void {
     if (this.connected || this.connecting) return this.fail("second CONNECT");
     const users = this.host.cfg.users;
@@ -402,15 +426,18 @@ export class MqttSession implements SharedMember {
   }
 
   private connecting = false;
+  /** The keep-alive keyop set in place of the client's (CONNACK Server Keep Alive). */
+  private serverKeepalive: number | undefined;
   /** The client sent an empty client id and keyop made one up. */
   private assignedId = false;
   private readonly waiting: Packet[] = [];
 
   private accept(p: IConnectPacket): void {
     this.version = p.protocolVersion === 5 ? 5 : p.protocolVersion === 3 ? 3 : 4;
+    this.problemInfo = (p.properties as { requestProblemInformation?: boolean } | undefined)?.requestProblemInformation !== false;
     const refuse = (v5: number, v4: number, why: string) => {
       this.host.logger.warn("mqtt connect refused", { client: p.clientId, reason: why });
-      this.send(this.version === 5 ? ({ cmd: "connack", reasonCode: v5, sessionPresent: false } as Packet) : ({ cmd: "connack", returnCode: v4, sessionPresent: false } as Packet));
+      this.send(this.version === 5 ? ({ cmd: "connack", reasonCode: v5, sessionPresent: false, ...this.reasonString(why) } as Packet) : ({ cmd: "connack", returnCode: v4, sessionPresent: false } as Packet));
       this.shutdown(false);
     };
     if (this.host.count() >= this.host.cfg.maxClients) return refuse(0x97, 3, "mqtt.max_clients reached");
@@ -442,8 +469,15 @@ export class MqttSession implements SharedMember {
         return this.shutdown(false);
       }
     }
+    // MQTT 5 Server Keep Alive: a client asking for none or more than mqtt.max_keepalive gets the cap.
     this.keepalive = p.keepalive ?? 0;
-    const props = p.properties as { receiveMaximum?: number; maximumPacketSize?: number } | undefined;
+    const cap = this.host.cfg.maxKeepaliveS;
+    if (this.version === 5 && cap > 0 && (this.keepalive === 0 || this.keepalive > cap)) {
+      this.keepalive = cap;
+      this.serverKeepalive = cap;
+    }
+    const props = p.properties as { receiveMaximum?: number; maximumPacketSize?: number; topicAliasMaximum?: number } | undefined;
+    if (this.version === 5 && props?.topicAliasMaximum) this.clientAliasMax = props.topicAliasMaximum;
     if (this.version === 5 && props?.receiveMaximum) {
       this.clientReceiveMax = props.receiveMaximum;
       this.window.resize(Math.min(this.host.cfg.maxInflight, this.clientReceiveMax));
@@ -480,13 +514,14 @@ export class MqttSession implements SharedMember {
     if (this.persistent) void this.host.sessions.connected(id, this.expiryMs).catch(() => undefined); // logged, counted and retried by the store
     const props: Record<string, number | string | boolean> = {
       maximumPacketSize: this.host.cfg.maxPacketBytes,
-      receiveMaximum: 65_535,
+      receiveMaximum: SERVER_RECEIVE_MAX,
       topicAliasMaximum: TOPIC_ALIAS_MAX,
       retainAvailable: true,
       wildcardSubscriptionAvailable: true,
       subscriptionIdentifiersAvailable: true,
       sharedSubscriptionAvailable: true,
     };
+    if (this.serverKeepalive !== undefined) props.serverKeepAlive = this.serverKeepalive;
     // MQTT 5: a client that sent no id is told the one it got.
     if (this.assignedId) props.assignedClientIdentifier = id;
     // The client asked for more than the config allows: CONNACK says what it got.
@@ -572,6 +607,9 @@ export class MqttSession implements SharedMember {
       if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: 0x87 } as Packet);
       return this.fail(`not authorized to publish on ${channel}`, 0x87);
     }
+    if (qos > 0 && this.version === 5 && this.acks.length + this.qos2.size >= SERVER_RECEIVE_MAX && this.inboundInFlight() >= SERVER_RECEIVE_MAX) {
+      return this.fail(`more than ${SERVER_RECEIVE_MAX} QoS 1 and 2 publishes unacknowledged (the Receive Maximum keyop gave)`, 0x93);
+    }
     const earlier = qos === 2 && id !== undefined ? this.qos2.get(id) : undefined;
     if (earlier) {
       // The same QoS 2 publish again before PUBREL: not stored twice; PUBREC once the first is durable.
@@ -597,6 +635,13 @@ export class MqttSession implements SharedMember {
       () => this.settle(ack, undefined),
       (err: unknown) => this.settle(ack, err),
     );
+  }
+
+  /** QoS 1 publishes not yet acknowledged and QoS 2 ones not yet released. */
+  private inboundInFlight(): number {
+    let n = this.qos2.size;
+    for (const a of this.acks) if (a.qos === 1) n++;
+    return n;
   }
 
   /** Pending acknowledgements, in the order their publishes came. */
@@ -817,15 +862,27 @@ export class MqttSession implements SharedMember {
    * maximum packet size: MQTT 5 says such a message is dropped for it).
    */
   private sendMessage(topic: string, payload: Uint8Array, meta: MessageMeta | null, qos: 0 | 1 | 2, retain: boolean, subId: number, from: SentFrom | null, channel: string, seq: number, ownsRoom: boolean): boolean {
-    const props = this.version === 5 && (meta !== null || subId > 0) ? encodePublishProperties(publishPropertiesOf(meta, Date.now(), subId > 0 ? [subId] : [])) : null;
-    const size = publishSize(Buffer.byteLength(topic), payload.length, qos, this.version, props?.length ?? 1);
+    // MQTT 5 topic aliases to the client, if it takes any: a topic's first message sets one, later
+    // ones send only the alias (on a cellular link the topic is often most of a small message).
+    let alias: number | undefined;
+    let wireTopic = topic;
+    if (this.version === 5 && this.clientAliasMax > 0 && topic.length > 2) {
+      alias = this.outAliases.get(topic);
+      if (alias !== undefined) wireTopic = "";
+      else if (this.outAliases.size < this.clientAliasMax) {
+        alias = this.outAliases.size + 1;
+        this.outAliases.set(topic, alias);
+      }
+    }
+    const props = this.version === 5 && (meta !== null || subId > 0 || alias !== undefined) ? encodePublishProperties(publishPropertiesOf(meta, Date.now(), subId > 0 ? [subId] : [], alias)) : null;
+    const size = publishSize(Buffer.byteLength(wireTopic), payload.length, qos, this.version, props?.length ?? 1);
     if (size > this.clientMaxPacket) {
       this.host.logger.warn("mqtt message larger than the client's maximum packet size, not sent to it", { client: this.clientId, topic, bytes: size, max: this.clientMaxPacket });
       return false;
     }
     if (this.closed) return false;
     if (qos === 0) {
-      this.wire.write(encodePublish(topic, payload, 0, undefined, false, this.version, retain, props));
+      this.wire.write(encodePublish(wireTopic, payload, 0, undefined, false, this.version, retain, props));
       return false;
     }
     const id = this.takeId({ from, channel, seq, qos, released: false, ownsRoom });
@@ -833,7 +890,7 @@ export class MqttSession implements SharedMember {
     const durable = from?.subscription.durable === true;
     const dup = durable && this.host.sessions.sentBefore(this.clientId, channel, seq);
     if (durable) this.host.sessions.sending(this.clientId, channel, seq);
-    this.wire.write(encodePublish(topic, payload, qos, id, dup, this.version, retain, props));
+    this.wire.write(encodePublish(wireTopic, payload, qos, id, dup, this.version, retain, props));
     return true;
   }
 

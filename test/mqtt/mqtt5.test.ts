@@ -14,7 +14,7 @@ let port: number;
 const open: mqtt.MqttClient[] = [];
 
 beforeAll(async () => {
-  t = await startTestAgent({ mqtt: { listen: "127.0.0.1:0" } });
+  t = await startTestAgent({ mqtt: { listen: "127.0.0.1:0", max_keepalive: "60s" } });
   port = t.agent.mqtt!.port!;
 });
 afterAll(async () => {
@@ -209,6 +209,88 @@ describe("MQTT 5", () => {
     await waitFor(() => packets.filter((p) => p.cmd === "publish").length >= 2, "the marker");
     expect(packets.filter((p) => p.cmd === "publish").map((p) => `${p.topic}=${p.payload}`)).toEqual(["u5/b=still", "u5/b=marker"]);
     sock.end();
+  });
+});
+
+/** A raw MQTT 5 connection: every packet it gets, parsed; `send` writes one. */
+async function raw5(connect: Record<string, unknown>) {
+  const { default: packet } = await import("mqtt-packet");
+  const packets: Record<string, any>[] = [];
+  const parser = packet.parser({ protocolVersion: 5 });
+  parser.on("packet", (p) => packets.push(p as unknown as Record<string, unknown>));
+  let closed = false;
+  const sock = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data: (_s, d) => void parser.parse(Buffer.from(d)), close: () => void (closed = true) } });
+  const send = (p: Record<string, unknown>) => sock.write(packet.generate(p as never, { protocolVersion: 5 }));
+  send({ cmd: "connect", protocolId: "MQTT", protocolVersion: 5, clean: true, keepalive: 0, ...connect });
+  await waitFor(() => packets.some((p) => p.cmd === "connack"), "CONNACK");
+  return { packets, send, sock, closed: () => closed };
+}
+
+describe("MQTT 5 sessions", () => {
+  test("will delay: published after the delay; not at all when the client is back before it", async () => {
+    const watcher = await client("wd-watch");
+    const got = collect(watcher);
+    await watcher.subscribeAsync("wd/#", { qos: 1 });
+    const will = (topic: string) => ({ topic, payload: Buffer.from("gone"), qos: 1 as const, retain: false, properties: { willDelayInterval: 1 } });
+    const a = await raw5({ clientId: "wd-a", will: will("wd/a"), properties: { sessionExpiryInterval: 60 } });
+    const t0 = Date.now();
+    a.sock.terminate();
+    await waitFor(() => got.length === 1, "the delayed will", 5000);
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(900);
+    expect(got[0]!.topic).toBe("wd/a");
+    // Back within the delay: no will.
+    const b = await raw5({ clientId: "wd-b", will: will("wd/b"), properties: { sessionExpiryInterval: 60 } });
+    b.sock.terminate();
+    await waitFor(() => t.agent.mqtt!.owner("wd-b") === undefined, "b gone");
+    const again = await raw5({ clientId: "wd-b", clean: false, properties: { sessionExpiryInterval: 60 } });
+    const marker = await client("wd-marker");
+    const t1 = Date.now();
+    await waitFor(() => Date.now() - t1 > 1500, "past b's will delay", 3000);
+    await marker.publishAsync("wd/marker", "m", { qos: 1 });
+    await waitFor(() => got.some((p) => p.topic === "wd/marker"), "the marker");
+    expect(got.map((p) => p.topic)).toEqual(["wd/a", "wd/marker"]);
+    again.send({ cmd: "disconnect", properties: { sessionExpiryInterval: 0 } });
+  });
+
+  test("server keep alive: a client asking for more than mqtt.max_keepalive is told the cap in CONNACK", async () => {
+    const c = await raw5({ clientId: "ka", keepalive: 120 });
+    expect(c.packets[0]!.properties.serverKeepAlive).toBe(60);
+    const d = await raw5({ clientId: "ka2", keepalive: 30 });
+    expect(d.packets[0]!.properties.serverKeepAlive).toBeUndefined();
+    c.sock.end();
+    d.sock.end();
+  });
+
+  test("a refusal says why in a reason string; a client that asks for no problem information gets none", async () => {
+    const c = await raw5({ clientId: "rs" });
+    c.send({ cmd: "publish", topic: "rs/x", payload: Buffer.from("x"), qos: 0, retain: false, dup: false, properties: { topicAlias: 99 } });
+    await waitFor(() => c.packets.some((p) => p.cmd === "disconnect"), "DISCONNECT");
+    const d = c.packets.find((p) => p.cmd === "disconnect")!;
+    expect(d.reasonCode).toBe(0x94);
+    expect(d.properties.reasonString).toContain("topic alias 99");
+    const quiet = await raw5({ clientId: "rs2", properties: { requestProblemInformation: false } });
+    quiet.send({ cmd: "publish", topic: "rs/x", payload: Buffer.from("x"), qos: 0, retain: false, dup: false, properties: { topicAlias: 99 } });
+    await waitFor(() => quiet.packets.some((p) => p.cmd === "disconnect"), "DISCONNECT");
+    expect(quiet.packets.find((p) => p.cmd === "disconnect")!.properties?.reasonString).toBeUndefined();
+  });
+
+  test("topic aliases to the client: the first message of a topic sets one, the next carry only the alias", async () => {
+    const c = await raw5({ clientId: "ta", properties: { topicAliasMaximum: 2 } });
+    c.send({ cmd: "subscribe", messageId: 1, subscriptions: [{ topic: "ta/#", qos: 0 }] });
+    await waitFor(() => c.packets.some((p) => p.cmd === "suback"), "SUBACK");
+    const pub = await client("ta-pub");
+    for (const topic of ["ta/long/name", "ta/long/name", "ta/other", "ta/third", "ta/third"]) await pub.publishAsync(topic, "x", { qos: 1 });
+    await waitFor(() => c.packets.filter((p) => p.cmd === "publish").length === 5, "five messages");
+    const seen = c.packets.filter((p) => p.cmd === "publish").map((p) => [p.topic, p.properties?.topicAlias]);
+    // Two aliases taken; the third topic goes by name every time.
+    expect(seen).toEqual([
+      ["ta/long/name", 1],
+      ["", 1],
+      ["ta/other", 2],
+      ["ta/third", undefined],
+      ["ta/third", undefined],
+    ]);
+    c.sock.end();
   });
 });
 
