@@ -83,6 +83,8 @@ export interface MqttConfig {
    * client asks for.
    */
   sessionExpiryMs: number;
+  /** QoS 1 and 2 publishes one client may have unacknowledged (MQTT 5 Receive Maximum; more ends its connection). */
+  receiveMaximum: number;
   /** Longest keep-alive a client gets, seconds (0: what it asks); MQTT 5 clients are told (Server Keep Alive). */
   maxKeepaliveS: number;
   /** When not empty, clients must log in as one of these and keep to its rules. */
@@ -227,7 +229,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     log: { level, format: r.oneOf(log.format, "log.format", ["json", "text"] as const) ?? "json" },
     mqtt: undefined,
   };
-  const mqttRaw = r.obj(top.mqtt, "mqtt", ["listen", "socket", "tls_listen", "ws_listen", "wss_listen", "max_clients", "max_inflight", "max_packet_bytes", "payload_type", "session_expiry", "max_keepalive", "users"]);
+  const mqttRaw = r.obj(top.mqtt, "mqtt", ["listen", "socket", "tls_listen", "ws_listen", "wss_listen", "max_clients", "max_inflight", "max_packet_bytes", "payload_type", "session_expiry", "max_keepalive", "receive_maximum", "users"]);
   if (top.mqtt !== undefined && top.mqtt !== null) {
     const m = mqttRaw ?? {};
     const listen = m.listen === undefined ? undefined : r.hostPort(m.listen, "mqtt.listen");
@@ -254,6 +256,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       maxPacketBytes: r.size(m.max_packet_bytes, "mqtt.max_packet_bytes", 64) ?? 1024 * 1024,
       payloadType: r.str(m.payload_type, "mqtt.payload_type") ?? "mqtt",
       sessionExpiryMs: r.duration(m.session_expiry, "mqtt.session_expiry", 1000) ?? 7 * 86_400_000,
+      receiveMaximum: r.int(m.receive_maximum, "mqtt.receive_maximum", 1, 65_535) ?? 65_535,
       maxKeepaliveS: Math.floor((r.duration(m.max_keepalive, "mqtt.max_keepalive", 0) ?? 0) / 1000),
       users: [],
     };

@@ -97,9 +97,6 @@ const MAX_WAITING_PACKETS = 1024;
 /** Client ids kept as they are in their session's name (what keyop accepted before any UTF-8 id). */
 const PLAIN_CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
 
-/** QoS 1 and 2 publishes a client may have unacknowledged (MQTT 5 CONNACK Receive Maximum). */
-const SERVER_RECEIVE_MAX = 65_535;
-
 /** Topic aliases a client may set (MQTT 5 CONNACK Topic Alias Maximum). */
 const TOPIC_ALIAS_MAX = 64;
 
@@ -514,7 +511,7 @@ export class MqttSession implements SharedMember {
     if (this.persistent) void this.host.sessions.connected(id, this.expiryMs).catch(() => undefined); // logged, counted and retried by the store
     const props: Record<string, number | string | boolean> = {
       maximumPacketSize: this.host.cfg.maxPacketBytes,
-      receiveMaximum: SERVER_RECEIVE_MAX,
+      receiveMaximum: this.host.cfg.receiveMaximum,
       topicAliasMaximum: TOPIC_ALIAS_MAX,
       retainAvailable: true,
       wildcardSubscriptionAvailable: true,
@@ -607,8 +604,9 @@ export class MqttSession implements SharedMember {
       if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: 0x87 } as Packet);
       return this.fail(`not authorized to publish on ${channel}`, 0x87);
     }
-    if (qos > 0 && this.version === 5 && this.acks.length + this.qos2.size >= SERVER_RECEIVE_MAX && this.inboundInFlight() >= SERVER_RECEIVE_MAX) {
-      return this.fail(`more than ${SERVER_RECEIVE_MAX} QoS 1 and 2 publishes unacknowledged (the Receive Maximum keyop gave)`, 0x93);
+    const max = this.host.cfg.receiveMaximum;
+    if (qos > 0 && this.version === 5 && this.acks.length + this.qos2.size >= max && this.inboundInFlight() >= max) {
+      return this.fail(`more than ${max} QoS 1 and 2 publishes unacknowledged (the Receive Maximum keyop gave)`, 0x93);
     }
     const earlier = qos === 2 && id !== undefined ? this.qos2.get(id) : undefined;
     if (earlier) {

@@ -294,6 +294,33 @@ describe("MQTT 5 sessions", () => {
   });
 });
 
+describe("MQTT 5 receive maximum", () => {
+  test("a client with more QoS 2 publishes unreleased than mqtt.receive_maximum is disconnected with 0x93", async () => {
+    const small = await startTestAgent({ mqtt: { listen: "127.0.0.1:0", receive_maximum: 3 } });
+    try {
+      const { default: packet } = await import("mqtt-packet");
+      const packets: Record<string, any>[] = [];
+      const parser = packet.parser({ protocolVersion: 5 });
+      parser.on("packet", (p) => packets.push(p as unknown as Record<string, unknown>));
+      const sock = await Bun.connect({ hostname: "127.0.0.1", port: small.agent.mqtt!.port!, socket: { data: (_s, d) => void parser.parse(Buffer.from(d)) } });
+      const send = (p: Record<string, unknown>) => sock.write(packet.generate(p as never, { protocolVersion: 5 }));
+      send({ cmd: "connect", protocolId: "MQTT", protocolVersion: 5, clean: true, keepalive: 0, clientId: "rm" });
+      await waitFor(() => packets.some((p) => p.cmd === "connack"), "CONNACK");
+      expect(packets[0]!.properties.receiveMaximum).toBe(3);
+      // Three unreleased (no PUBREL) are allowed; the fourth is one too many.
+      for (let id = 1; id <= 3; id++) send({ cmd: "publish", topic: "rm/t", payload: Buffer.from("x"), qos: 2, messageId: id, retain: false, dup: false });
+      await waitFor(() => packets.filter((p) => p.cmd === "pubrec").length === 3, "three PUBRECs");
+      expect(packets.some((p) => p.cmd === "disconnect")).toBe(false);
+      send({ cmd: "publish", topic: "rm/t", payload: Buffer.from("x"), qos: 2, messageId: 4, retain: false, dup: false });
+      const d = (await waitFor(() => packets.find((p) => p.cmd === "disconnect"), "DISCONNECT"))!;
+      expect(d.reasonCode).toBe(0x93);
+      sock.end();
+    } finally {
+      await small.stop();
+    }
+  });
+});
+
 describe("MQTT 5 shared subscriptions", () => {
   test("$share/<group>/<filter>: each message to one member, in turn; a plain subscription beside it gets every one", async () => {
     const a = await client("sh-a");
