@@ -18,6 +18,7 @@ import { decodeFast, encodePublish, type Frame, MqttFramer, MqttFrameError, type
 import { encodePublishProperties, fromPacketProperties, metaOfPublish, publishPropertiesOf, type PublishProperties } from "./properties.ts";
 import { MqttSubscription, type SentFrom, type SubscriptionOptions } from "./subscription.ts";
 import { SharedGroup, SharedSubscriptions, type SharedMember } from "./shared.ts";
+import { Outbound } from "./outbound.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
 import { channelToTopic, filterToPatterns, hiddenFromWildcard, topicToChannel } from "./topics.ts";
@@ -100,23 +101,6 @@ const PLAIN_CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
 /** Topic aliases a client may set (MQTT 5 CONNACK Topic Alias Maximum). */
 const TOPIC_ALIAS_MAX = 64;
 
-/** A QoS 1 or 2 message sent to the client and not yet acknowledged (PUBACK, or PUBREC then PUBCOMP). */
-interface InFlight {
-  /** The subscription and its reader's delivery it came from; null for a retained message sent on subscribe. */
-  from: SentFrom | null;
-  channel: string;
-  seq: number;
-  qos: 1 | 2;
-  /** QoS 2: the client sent PUBREC, keyop sent PUBREL, and PUBCOMP is awaited. */
-  released: boolean;
-  /**
-   * The message holds a unit of the session's window itself (retained
-   * messages, a shared group's, a PUBREL owed), given back when it is done;
-   * otherwise its subscription's reader holds it.
-   */
-  ownsRoom: boolean;
-}
-
 /** A publish waiting for its write to be durable before its acknowledgement. */
 interface PendingAck {
   id: number | undefined;
@@ -169,11 +153,10 @@ export class MqttSession implements SharedMember {
   private readonly subscriptions = new Map<string, MqttSubscription>();
   /** Shared subscriptions this session is a member of, by SharedSubscriptions.key. */
   private readonly shared = new Map<string, SharedGroup>();
-  /** QoS 1 and 2 messages sent and not completed, by packet id. */
-  private readonly inflight = new Map<number, InFlight>();
+  /** QoS 1 and 2 messages sent and not completed. */
+  private readonly outbound: Outbound;
   /** QoS 1 messages in flight to the client, over every subscription and retained messages. */
   readonly window: Window;
-  private nextId = 1;
   /** QoS 2 publishes stored and not yet released, by packet id. */
   private readonly qos2 = new Map<number, Promise<unknown>>();
   /** The logged-in user's rules (null: no users configured, everything allowed). */
@@ -188,6 +171,7 @@ export class MqttSession implements SharedMember {
     this.wire = wire;
     this.identity = identity;
     this.window = new Window(Math.min(host.cfg.maxInflight, this.clientReceiveMax));
+    this.outbound = new Outbound(this.window);
     this.parser = mqtt.parser({ protocolVersion: 5 });
     this.framer = new MqttFramer(host.cfg.maxPacketBytes);
     this.parser.on("packet", (p: Packet) => this.queue(p));
@@ -284,15 +268,14 @@ export class MqttSession implements SharedMember {
       durable ||= d.durable;
     }
     this.subscriptions.clear();
-    // What a shared group gave this member and it did not acknowledge goes to another member.
-    for (const f of this.inflight.values()) if (f.from && f.from.subscription instanceof SharedGroup) f.from.subscription.returned(f.from.delivery);
-    for (const [key, group] of this.shared) {
-      group.leave(this);
-      // A persistent session still holds it while it is away; a clean one's subscription ends.
-      if (!this.persistent && mine) this.host.shared.release(this.clientId, key);
-    }
+    // Out of its groups first, so that what a group gave this member and it did not acknowledge
+    // goes to another member, not back to this one.
+    for (const group of this.shared.values()) group.leave(this);
+    this.outbound.returnTo(undefined, (f) => f.from.subscription instanceof SharedGroup && f.from.subscription.returned(f.from.delivery));
+    // A persistent session still holds its shared subscriptions while it is away; a clean one's end.
+    if (!this.persistent && mine) for (const key of this.shared.keys()) this.host.shared.release(this.clientId, key);
     this.shared.clear();
-    this.inflight.clear();
+    this.outbound.clear();
     this.retainedOut = [];
     if (this.connected) {
       // The session's life after this connection starts now: kept for expiryMs, or ended at once.
@@ -543,8 +526,7 @@ export class MqttSession implements SharedMember {
       }
       // First the PUBRELs of QoS 2 messages the client had received and not completed.
       for (const pid of this.host.sessions.pendingReleases(id)) {
-        this.inflight.set(pid, { from: null, channel: "", seq: -1, qos: 2, released: true, ownsRoom: true });
-        this.window.take(0);
+        this.outbound.owe(pid);
         this.send({ cmd: "pubrel", messageId: pid } as Packet);
       }
       const name = sessionName(id);
@@ -731,15 +713,6 @@ export class MqttSession implements SharedMember {
     if (i > 0) this.retainedOut = this.retainedOut.slice(i);
   }
 
-  /** A free packet id for a QoS 1 or 2 message to the client, now in flight. */
-  private takeId(f: InFlight): number {
-    let id = this.nextId;
-    while (this.inflight.has(id)) id = (id % 65_535) + 1;
-    this.nextId = (id % 65_535) + 1;
-    this.inflight.set(id, f);
-    return id;
-  }
-
   private startSubscription(pattern: string, filter: string, options: SubscriptionOptions, kind: "durable" | "live" = this.persistent ? "durable" : "live"): void {
     const durable = kind === "durable";
     if (durable) this.host.sessions.remember(this.clientId, pattern, filter, options);
@@ -771,12 +744,7 @@ export class MqttSession implements SharedMember {
     const group = this.shared.get(key);
     if (!group) return false;
     group.leave(this);
-    for (const [id, f] of this.inflight) {
-      if (f.from?.subscription !== group || f.released) continue;
-      this.inflight.delete(id);
-      group.returned(f.from.delivery);
-      this.window.give(0);
-    }
+    this.outbound.returnTo(group, (f) => group.returned(f.from.delivery));
     this.shared.delete(key);
     this.host.sessions.forget(this.clientId, `$share/${key}`);
     this.host.shared.release(this.clientId, key);
@@ -883,7 +851,7 @@ export class MqttSession implements SharedMember {
       this.wire.write(encodePublish(wireTopic, payload, 0, undefined, false, this.version, retain, props));
       return false;
     }
-    const id = this.takeId({ from, channel, seq, qos, released: false, ownsRoom });
+    const id = this.outbound.take({ from, channel, seq, qos, released: false, ownsRoom });
     // Only a durable subscription gets anything again (a live one's unacknowledged messages go with it).
     const durable = from?.subscription.durable === true;
     const dup = durable && this.host.sessions.sentBefore(this.clientId, channel, seq);
@@ -892,57 +860,29 @@ export class MqttSession implements SharedMember {
     return true;
   }
 
-  /** The message of `f` is done with: its source's cursor may move, and its room in the window is given back. */
-  private done(f: InFlight): void {
-    if (f.from) f.from.subscription.acked(f.from.delivery);
-    if (f.ownsRoom) this.window.give(0);
-  }
-
   private puback(id: number): void {
-    const f = this.inflight.get(id);
-    if (!f || f.qos !== 1) return;
-    this.inflight.delete(id);
-    // Either gives its room in the window back, which wakes every subscription waiting for it.
-    this.done(f);
-    if (this.retainedOut.length > 0) this.sendRetained();
+    // Gives its room in the window back, which wakes every subscription waiting for it.
+    if (this.outbound.puback(id) && this.retainedOut.length > 0) this.sendRetained();
   }
 
-  /**
-   * PUBREC for a QoS 2 message: the client has it, so its cursor moves now
-   * and only the packet id is kept (and saved, for a persistent session)
-   * until PUBCOMP; the message keeps its room in the window until then.
-   */
   private pubrec(id: number, reason: number): void {
-    const f = this.inflight.get(id);
-    if (!f || f.qos !== 2) {
+    const r = this.outbound.pubrec(id, reason);
+    if (r === "unknown") {
       if (this.version === 5) this.send({ cmd: "pubrel", messageId: id, reasonCode: 0x92 } as Packet); // packet identifier not found
       else this.send({ cmd: "pubrel", messageId: id } as Packet);
       return;
     }
-    if (reason >= 0x80) {
-      // The client refused it: done, nothing to release.
-      this.inflight.delete(id);
-      this.done(f);
+    if (r === "refused") {
       if (this.retainedOut.length > 0) this.sendRetained();
       return;
     }
-    if (!f.released) {
-      f.released = true;
-      // The cursor moves now; the room is kept until PUBCOMP.
-      if (f.from) f.from.subscription.acked(f.from.delivery);
-      if (!f.ownsRoom) this.window.take(0);
-      f.ownsRoom = true;
-      f.from = null;
-      if (this.persistent) void this.host.sessions.releasing(this.clientId, id).catch(() => undefined); // logged, counted and retried by the store
-    }
+    // Owed until PUBCOMP, also after a reconnect or a restart.
+    if (r === "released" && this.persistent) void this.host.sessions.releasing(this.clientId, id).catch(() => undefined); // logged, counted and retried by the store
     this.send({ cmd: "pubrel", messageId: id } as Packet);
   }
 
   private pubcomp(id: number): void {
-    const f = this.inflight.get(id);
-    if (!f || !f.released) return;
-    this.inflight.delete(id);
-    this.window.give(0);
+    if (!this.outbound.pubcomp(id)) return;
     this.host.sessions.released(this.clientId, id);
     if (this.retainedOut.length > 0) this.sendRetained();
   }
