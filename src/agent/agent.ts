@@ -146,6 +146,7 @@ export class Agent {
       tls: this.tls ? tlsStatus(this.tls) : null,
       links: this.federation?.links().map(linkJson) ?? [],
       ...(this.jetstream ? { jetstream: jetstreamJson(this.jetstream) } : {}),
+      ...(this.mqtt ? { mqtt: this.mqtt.status() } : {}),
     };
   }
 

@@ -229,7 +229,21 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     log: { level, format: r.oneOf(log.format, "log.format", ["json", "text"] as const) ?? "json" },
     mqtt: undefined,
   };
-  const mqttRaw = r.obj(top.mqtt, "mqtt", ["listen", "socket", "tls_listen", "ws_listen", "wss_listen", "max_clients", "max_inflight", "max_packet_bytes", "payload_type", "session_expiry", "max_keepalive", "receive_maximum", "users"]);
+  const mqttRaw = r.obj(top.mqtt, "mqtt", [
+    "listen",
+    "socket",
+    "tls_listen",
+    "ws_listen",
+    "wss_listen",
+    "max_clients",
+    "max_inflight",
+    "max_packet_bytes",
+    "payload_type",
+    "session_expiry",
+    "max_keepalive",
+    "receive_maximum",
+    "users",
+  ]);
   if (top.mqtt !== undefined && top.mqtt !== null) {
     const m = mqttRaw ?? {};
     const listen = m.listen === undefined ? undefined : r.hostPort(m.listen, "mqtt.listen");

@@ -231,7 +231,22 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
   else if (head === 0xdf) n = s.u32();
   else throw new InvalidArgumentError("envelope is not a msgpack map");
   s.need(n);
-  const v: EnvelopeView = { idStart: -1, idEnd: -1, channelStart: -1, channelEnd: -1, routeStart: -1, routeItems: -1, routeEnd: -1, routeCount: 0, payloadStart: -1, payloadEnd: -1, hasMeta: false, publisherStart: -1, publisherEnd: -1, qos: -1 };
+  const v: EnvelopeView = {
+    idStart: -1,
+    idEnd: -1,
+    channelStart: -1,
+    channelEnd: -1,
+    routeStart: -1,
+    routeItems: -1,
+    routeEnd: -1,
+    routeCount: 0,
+    payloadStart: -1,
+    payloadEnd: -1,
+    hasMeta: false,
+    publisherStart: -1,
+    publisherEnd: -1,
+    qos: -1,
+  };
   let seen = 0;
   for (let i = 0; i < n; i++) {
     const key = s.key();

@@ -32,7 +32,13 @@ export function withContext<T>(ctx: PublishContext, fn: () => T): T {
  * A new message with the labels it carries: from its own options, else the
  * context in force, else the publisher's default service name.
  */
-export function labelledMessage(channel: string, type: string, payload: unknown, opts: (PublishContext & { meta?: MessageMeta | undefined }) | undefined, defaultServiceName: string | undefined): NewMessage {
+export function labelledMessage(
+  channel: string,
+  type: string,
+  payload: unknown,
+  opts: (PublishContext & { meta?: MessageMeta | undefined }) | undefined,
+  defaultServiceName: string | undefined,
+): NewMessage {
   const ctx = storage.getStore();
   const m: NewMessage = { channel, type, payload, correlationId: opts?.correlationId ?? ctx?.correlationId, serviceName: opts?.serviceName ?? ctx?.serviceName ?? defaultServiceName };
   if (opts?.meta) m.meta = opts.meta;

@@ -162,7 +162,16 @@ export function publishSize(topicBytes: number, payloadBytes: number, qos: numbe
  * A PUBLISH as keyop sends them to subscribers; `props` is the MQTT 5
  * property block (from encodePublishProperties; none: an empty one).
  */
-export function encodePublish(topic: string, payload: Uint8Array, qos: 0 | 1 | 2, messageId: number | undefined, dup: boolean, version: number, retain = false, props: Uint8Array | null = null): Buffer {
+export function encodePublish(
+  topic: string,
+  payload: Uint8Array,
+  qos: 0 | 1 | 2,
+  messageId: number | undefined,
+  dup: boolean,
+  version: number,
+  retain = false,
+  props: Uint8Array | null = null,
+): Buffer {
   const topicLen = Buffer.byteLength(topic);
   const rest = 2 + topicLen + (qos > 0 ? 2 : 0) + (version === 5 ? (props?.length ?? 1) : 0) + payload.length;
   const out = Buffer.allocUnsafe(1 + varintSize(rest) + rest);

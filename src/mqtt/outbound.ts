@@ -52,7 +52,7 @@ export class Outbound {
   /** PUBACK: the QoS 1 message is done. False for an id that is not one in flight. */
   puback(id: number): boolean {
     const f = this.inflight.get(id);
-    if (!f || f.qos !== 1) return false;
+    if (f?.qos !== 1) return false;
     this.inflight.delete(id);
     this.done(f);
     return true;
@@ -67,7 +67,7 @@ export class Outbound {
    */
   pubrec(id: number, reason: number): PubrecResult {
     const f = this.inflight.get(id);
-    if (!f || f.qos !== 2) return "unknown";
+    if (f?.qos !== 2) return "unknown";
     if (reason >= 0x80) {
       this.inflight.delete(id);
       this.done(f);
@@ -85,7 +85,7 @@ export class Outbound {
   /** PUBCOMP: the QoS 2 handshake is over. False for an id not awaiting one. */
   pubcomp(id: number): boolean {
     const f = this.inflight.get(id);
-    if (!f || !f.released) return false;
+    if (!f?.released) return false;
     this.inflight.delete(id);
     this.window.give(0);
     return true;

@@ -120,7 +120,8 @@ export function readPublishProperties(b: Uint8Array, at: number): { props: Publi
       case USER_PROPERTY: {
         const name = text();
         const value = text();
-        (props.userProperties ??= []).push([name, value]);
+        props.userProperties ??= [];
+        props.userProperties.push([name, value]);
         break;
       }
       case SUBSCRIPTION_ID:

@@ -94,7 +94,14 @@ export class MqttServer implements SessionHost {
     for (const [client, key] of sessions.allRemembered()) if (key.startsWith("$share/")) s.shared.hold(client, key.slice("$share/".length));
     for (const sub of messenger.subscribers()) {
       if (!/^mqtt-share[.-]/.test(sub.name)) continue;
-      const held = sessions.allRemembered().some(([, key]) => key.startsWith("$share/") && sharedGroupName(SharedSubscriptions.parts(key.slice("$share/".length))[0]) === sub.name && SharedSubscriptions.parts(key.slice("$share/".length))[1] === sub.pattern);
+      const held = sessions
+        .allRemembered()
+        .some(
+          ([, key]) =>
+            key.startsWith("$share/") &&
+            sharedGroupName(SharedSubscriptions.parts(key.slice("$share/".length))[0]) === sub.name &&
+            SharedSubscriptions.parts(key.slice("$share/".length))[1] === sub.pattern,
+        );
       if (!held) await messenger.deleteSubscriber(sub.pattern, sub.name).catch((err) => logger.warn("mqtt shared subscription's subscriber not deleted", { pattern: sub.pattern, error: String(err) }));
     }
     await s.sweep();
@@ -134,6 +141,24 @@ export class MqttServer implements SessionHost {
   /** The ports of the TLS and WebSocket listeners (tests listen on port 0). */
   get ports(): { tls?: number; ws?: number; wss?: number } {
     return { tls: this.tlsListener?.port, ws: this.ws?.port, wss: this.wss?.port };
+  }
+
+  /** What `/v1/status` shows of the listener. */
+  status(): Record<string, unknown> {
+    const listeners: Record<string, string> = {};
+    if (this.tcp && this.cfg.listen) listeners.tcp = `${splitHostPort(this.cfg.listen).hostname}:${this.tcp.port}`;
+    if (this.unix && this.cfg.socket) listeners.socket = this.cfg.socket;
+    if (this.tlsListener && this.cfg.tlsListen) listeners.tls = `${splitHostPort(this.cfg.tlsListen).hostname}:${this.tlsListener.port}`;
+    if (this.ws && this.cfg.wsListen) listeners.ws = `${splitHostPort(this.cfg.wsListen).hostname}:${this.ws.port}`;
+    if (this.wss && this.cfg.wssListen) listeners.wss = `${splitHostPort(this.cfg.wssListen).hostname}:${this.wss.port}`;
+    const health = this.sessions.health();
+    return {
+      listeners,
+      clients: this.clients.size,
+      shared_groups: this.shared.count,
+      delayed_wills: this.delayedWills.size,
+      session_save_failures: health.failedSaves,
+    };
   }
 
   /** New TLS material (SIGHUP): new connections use it, established ones stay up. */
@@ -330,8 +355,7 @@ export class MqttServer implements SessionHost {
           ws.data.out = out;
           ws.data.session = new MqttSession(self, {
             write: (bytes) => out.push(bytes),
-            writable: () =>
-              ws.getBufferedAmount() <= CLIENT_HIGH_WATER_BYTES ? out.writable() : new Promise<void>((r) => ws.data.waiters.push(r)),
+            writable: () => (ws.getBufferedAmount() <= CLIENT_HIGH_WATER_BYTES ? out.writable() : new Promise<void>((r) => ws.data.waiters.push(r))),
             end() {
               out.flushNow();
               out.close();

@@ -7,7 +7,7 @@
  * missed, and unacknowledged QoS 1 messages come again.
  */
 import mqtt from "mqtt-packet";
-import type { IConnectPacket, IPublishPacket, ISubscribePacket, IUnsubscribePacket, Packet } from "mqtt-packet";
+import type { IConnectPacket, ISubscribePacket, IUnsubscribePacket, Packet } from "mqtt-packet";
 import { decodeEnvelope, type MessageMeta } from "../envelope/envelope.ts";
 import { publisherIs, utf8Bytes } from "../envelope/scan.ts";
 import type { Messenger } from "../messenger/messenger.ts";
@@ -417,7 +417,9 @@ export class MqttSession implements SharedMember {
     this.problemInfo = (p.properties as { requestProblemInformation?: boolean } | undefined)?.requestProblemInformation !== false;
     const refuse = (v5: number, v4: number, why: string) => {
       this.host.logger.warn("mqtt connect refused", { client: p.clientId, reason: why });
-      this.send(this.version === 5 ? ({ cmd: "connack", reasonCode: v5, sessionPresent: false, ...this.reasonString(why) } as Packet) : ({ cmd: "connack", returnCode: v4, sessionPresent: false } as Packet));
+      this.send(
+        this.version === 5 ? ({ cmd: "connack", reasonCode: v5, sessionPresent: false, ...this.reasonString(why) } as Packet) : ({ cmd: "connack", returnCode: v4, sessionPresent: false } as Packet),
+      );
       this.shutdown(false);
     };
     if (this.host.count() >= this.host.cfg.maxClients) return refuse(0x97, 3, "mqtt.max_clients reached");
@@ -827,7 +829,18 @@ export class MqttSession implements SharedMember {
    * the client, false when done (QoS 0) or not sent (larger than the client's
    * maximum packet size: MQTT 5 says such a message is dropped for it).
    */
-  private sendMessage(topic: string, payload: Uint8Array, meta: MessageMeta | null, qos: 0 | 1 | 2, retain: boolean, subId: number, from: SentFrom | null, channel: string, seq: number, ownsRoom: boolean): boolean {
+  private sendMessage(
+    topic: string,
+    payload: Uint8Array,
+    meta: MessageMeta | null,
+    qos: 0 | 1 | 2,
+    retain: boolean,
+    subId: number,
+    from: SentFrom | null,
+    channel: string,
+    seq: number,
+    ownsRoom: boolean,
+  ): boolean {
     // MQTT 5 topic aliases to the client, if it takes any: a topic's first message sets one, later
     // ones send only the alias (on a cellular link the topic is often most of a small message).
     let alias: number | undefined;
@@ -868,7 +881,8 @@ export class MqttSession implements SharedMember {
   private pubrec(id: number, reason: number): void {
     const r = this.outbound.pubrec(id, reason);
     if (r === "unknown") {
-      if (this.version === 5) this.send({ cmd: "pubrel", messageId: id, reasonCode: 0x92 } as Packet); // packet identifier not found
+      if (this.version === 5)
+        this.send({ cmd: "pubrel", messageId: id, reasonCode: 0x92 } as Packet); // packet identifier not found
       else this.send({ cmd: "pubrel", messageId: id } as Packet);
       return;
     }

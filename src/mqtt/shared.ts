@@ -144,6 +144,11 @@ export class SharedSubscriptions {
     private readonly onError: (err: unknown) => void,
   ) {}
 
+  /** Shared subscriptions (group and pattern) some session holds. */
+  get count(): number {
+    return this.groups.size;
+  }
+
   static key(group: string, pattern: string): string {
     return `${group}\u0000${pattern}`;
   }
@@ -186,7 +191,7 @@ export class SharedSubscriptions {
    */
   release(clientId: string, key: string): void {
     const g = this.groups.get(key);
-    if (!g || !g.holders.delete(clientId) || g.holders.size > 0) return;
+    if (!g?.holders.delete(clientId) || g.holders.size > 0) return;
     g.group?.stop();
     this.groups.delete(key);
     const [group, pattern] = SharedSubscriptions.parts(key);

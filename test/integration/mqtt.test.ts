@@ -143,6 +143,56 @@ describe("MQTT listener", () => {
     expect(await first()).toEqual({ payload: "marker", retain: false, qos: 1 });
   }, 60_000);
 
+  test("MQTT 5 with mosquitto_sub and mosquitto_pub: QoS 2 end to end, properties as published, a shared subscription's messages once each; status shows the listener", async () => {
+    const fmt = ["-F", "%t|%q|%P|%R|%C|%E"];
+    const sub = Bun.spawn(["mosquitto_sub", "-V", "5", "-p", String(port), "-q", "2", "-t", "v5/props", "-C", "1", "-W", "15", ...fmt], { stdout: "pipe", stderr: "pipe" });
+    const shared = [0, 1].map(() => Bun.spawn(["mosquitto_sub", "-V", "5", "-p", String(port), "-q", "1", "-t", "$share/workers/v5/jobs", "-W", "8", "-F", "%p"], { stdout: "pipe", stderr: "pipe" }));
+    // Until both shared members and the subscriber are connected (status counts clients).
+    await waitFor(async () => (await api("GET", "/v1/status")).mqtt.clients >= 3, "three subscribers connected", 10_000, 20);
+    await waitFor(async () => (await api("GET", "/v1/status")).mqtt.shared_groups >= 1, "the shared group", 10_000, 20);
+    const status = (await api("GET", "/v1/status")).mqtt;
+    expect(status.listeners.tcp).toBe(`127.0.0.1:${port}`);
+    const pub = ["mosquitto_pub", "-V", "5", "-p", String(port)];
+    const props = [
+      "-D",
+      "publish",
+      "user-property",
+      "site",
+      "north",
+      "-D",
+      "publish",
+      "response-topic",
+      "v5/reply",
+      "-D",
+      "publish",
+      "content-type",
+      "text/x",
+      "-D",
+      "publish",
+      "message-expiry-interval",
+      "300",
+    ];
+    // Published until the subscriber's subscription is in place (it exits after one message).
+    let out = "";
+    const reading = new Response(sub.stdout).text().then((t) => (out = t));
+    await waitFor(
+      async () => {
+        expect((await mosq([...pub, "-q", "2", "-t", "v5/props", "-m", "hello", ...props])).code).toBe(0);
+        return out !== "" || (await Promise.race([reading.then(() => true), Bun.sleep(200).then(() => false)]));
+      },
+      "mosquitto_sub got the message",
+      15_000,
+      0,
+    );
+    const [topic, qos, user, reply, ctype, expiry] = out.trim().split("|");
+    expect([topic, qos, user, reply, ctype]).toEqual(["v5/props", "2", "site:north", "v5/reply", "text/x"]);
+    expect(Number(expiry)).toBeGreaterThan(290);
+    for (let i = 0; i < 10; i++) expect((await mosq([...pub, "-q", "1", "-t", "v5/jobs", "-m", `job-${i}`])).code).toBe(0);
+    const outs = await Promise.all(shared.map((p) => new Response(p.stdout).text()));
+    const got = outs.flatMap((o) => o.split("\n").filter(Boolean));
+    expect(got.sort()).toEqual(Array.from({ length: 10 }, (_, i) => `job-${i}`).sort());
+  }, 40_000);
+
   test("a retained will is kept as the channel's retained message", async () => {
     const dying = await client({ clientId: "dev7", will: { topic: "status/dev7", payload: Buffer.from("offline"), qos: 1, retain: true } });
     (dying as unknown as { stream: { destroy(): void } }).stream.destroy();
@@ -340,7 +390,34 @@ describe("MQTT across a hub", () => {
       const got5 = new Promise<Record<string, unknown>>((r) => sub5.on("message", (_t, _p, packet) => r(packet.properties as Record<string, unknown>)));
       await sub5.subscribeAsync("plant/props", { qos: 1 });
       const pub5 = ["mosquitto_pub", "-V", "5", "-p", String(mqttA), "-t", "plant/props", "-m", "x", "-q", "1"];
-      const props = ["-D", "publish", "user-property", "line", "1", "-D", "publish", "user-property", "shift", "night", "-D", "publish", "content-type", "text/x", "-D", "publish", "response-topic", "plant/reply", "-D", "publish", "correlation-data", "c-17", "-D", "publish", "message-expiry-interval", "600"];
+      const props = [
+        "-D",
+        "publish",
+        "user-property",
+        "line",
+        "1",
+        "-D",
+        "publish",
+        "user-property",
+        "shift",
+        "night",
+        "-D",
+        "publish",
+        "content-type",
+        "text/x",
+        "-D",
+        "publish",
+        "response-topic",
+        "plant/reply",
+        "-D",
+        "publish",
+        "correlation-data",
+        "c-17",
+        "-D",
+        "publish",
+        "message-expiry-interval",
+        "600",
+      ];
       expect((await mosq([...pub5, ...props])).code).toBe(0);
       const p5 = await got5;
       expect(p5).toMatchObject({ userProperties: { line: "1", shift: "night" }, contentType: "text/x", responseTopic: "plant/reply", correlationData: Buffer.from("c-17") });

@@ -167,8 +167,18 @@ describe("decodeFast", () => {
       ],
     });
     // Interleaved names keep their order (mqtt-packet's object could not hold it).
-    const props = encodePublishProperties({ userProperties: [["x", "1"], ["y", "2"], ["x", "3"]] });
-    expect(readPublishProperties(props, 0).props.userProperties).toEqual([["x", "1"], ["y", "2"], ["x", "3"]]);
+    const props = encodePublishProperties({
+      userProperties: [
+        ["x", "1"],
+        ["y", "2"],
+        ["x", "3"],
+      ],
+    });
+    expect(readPublishProperties(props, 0).props.userProperties).toEqual([
+      ["x", "1"],
+      ["y", "2"],
+      ["x", "3"],
+    ]);
   });
 
   test("a v5 PUBLISH with a repeated, unknown or client-forbidden property is a protocol error", () => {
@@ -189,11 +199,29 @@ describe("decodeFast", () => {
   });
 
   test("what encodePublishProperties writes, mqtt-packet reads back", () => {
-    const props = encodePublishProperties({ payloadFormat: 1, messageExpiry: 5, contentType: "c", responseTopic: "r/t", correlationData: Uint8Array.of(7), subscriptionIds: [200], topicAlias: 2, userProperties: [["k", "v"]] });
+    const props = encodePublishProperties({
+      payloadFormat: 1,
+      messageExpiry: 5,
+      contentType: "c",
+      responseTopic: "r/t",
+      correlationData: Uint8Array.of(7),
+      subscriptionIds: [200],
+      topicAlias: 2,
+      userProperties: [["k", "v"]],
+    });
     const bytes = encodePublish("t", Buffer.from("p"), 2, 7, false, 5, true, props);
     const ref = reference(bytes, 5) as Packet & { properties: Record<string, unknown>; retain: boolean; qos: number };
     expect([ref.retain, ref.qos]).toEqual([true, 2]);
-    expect(ref.properties).toEqual({ payloadFormatIndicator: true, messageExpiryInterval: 5, contentType: "c", responseTopic: "r/t", correlationData: Buffer.from([7]), subscriptionIdentifier: 200, topicAlias: 2, userProperties: { k: "v" } });
+    expect(ref.properties).toEqual({
+      payloadFormatIndicator: true,
+      messageExpiryInterval: 5,
+      contentType: "c",
+      responseTopic: "r/t",
+      correlationData: Buffer.from([7]),
+      subscriptionIdentifier: 200,
+      topicAlias: 2,
+      userProperties: { k: "v" },
+    });
   });
 });
 

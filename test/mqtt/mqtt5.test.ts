@@ -63,7 +63,18 @@ describe("MQTT 5", () => {
     // And the HTTP API shows them in the stored envelope.
     const r = await t.call("GET", "/v1/channels/props.t/messages?subscriber=p5&from=earliest");
     const m = ((await r.json()) as { messages: Record<string, unknown>[] }).messages[0]!;
-    expect(m).toMatchObject({ content_type: "text/plain", reply_to: "reply.to.me", utf8: true, publisher: "props-pub", qos: 1, headers: [["a", "1"], ["a", "3"], ["b", "2"]] });
+    expect(m).toMatchObject({
+      content_type: "text/plain",
+      reply_to: "reply.to.me",
+      utf8: true,
+      publisher: "props-pub",
+      qos: 1,
+      headers: [
+        ["a", "1"],
+        ["a", "3"],
+        ["b", "2"],
+      ],
+    });
   });
 
   test("message expiry: an expired message is not delivered; one that is not goes with the remaining interval", async () => {
@@ -196,7 +207,14 @@ describe("MQTT 5", () => {
     const sock = await Bun.connect({ hostname: "127.0.0.1", port, socket: { data: (_s, d) => void parser.parse(Buffer.from(d)) } });
     const send = (p: Record<string, unknown>) => sock.write(packet.generate(p as never, { protocolVersion: 5 }));
     send({ cmd: "connect", protocolId: "MQTT", protocolVersion: 5, clean: true, clientId: "unsub5", keepalive: 0 });
-    send({ cmd: "subscribe", messageId: 1, subscriptions: [{ topic: "u5/a", qos: 1 }, { topic: "u5/b", qos: 1 }] });
+    send({
+      cmd: "subscribe",
+      messageId: 1,
+      subscriptions: [
+        { topic: "u5/a", qos: 1 },
+        { topic: "u5/b", qos: 1 },
+      ],
+    });
     await waitFor(() => packets.some((p) => p.cmd === "suback"), "SUBACK");
     send({ cmd: "unsubscribe", messageId: 2, unsubscriptions: ["u5/a", "u5/none"] });
     const ack = (await waitFor(() => packets.find((p) => p.cmd === "unsuback"), "UNSUBACK"))!;
