@@ -138,10 +138,20 @@ export async function startTrio(dir: string, opts: { pattern?: string; extraPeer
   ];
   const hubYaml = tls("hub") + `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers.join("\n")}\n`;
   const fedOpts = "federation:\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n";
-  const hub = await start(dir, "hub", hubYaml, storage);
   const extraYaml = opts.deviceYaml ?? (() => "");
-  const devA = await start(dir, "devA", tls("devA") + fedOpts + extraYaml("devA") + `links:\n  - hub: 127.0.0.1:${port}\n    publish: ['${pattern}']\n    subscribe: []\n`, storage);
-  const devB = await start(dir, "devB", tls("devB") + fedOpts + extraYaml("devB") + `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ['${pattern}']\n`, storage);
-  await until("links open", async () => (await status(devA)).links[0]?.state === "open" && (await status(devB)).links[0]?.state === "open");
-  return { dir, port, hub, devA, devB, hubYaml, sync: storage };
+  // One that fails to start takes the ones already started with it: none is left running.
+  const started: Proc[] = [];
+  try {
+    const hub = await start(dir, "hub", hubYaml, storage);
+    started.push(hub);
+    const devA = await start(dir, "devA", tls("devA") + fedOpts + extraYaml("devA") + `links:\n  - hub: 127.0.0.1:${port}\n    publish: ['${pattern}']\n    subscribe: []\n`, storage);
+    started.push(devA);
+    const devB = await start(dir, "devB", tls("devB") + fedOpts + extraYaml("devB") + `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ['${pattern}']\n`, storage);
+    started.push(devB);
+    await until("links open", async () => (await status(devA)).links[0]?.state === "open" && (await status(devB)).links[0]?.state === "open");
+    return { dir, port, hub, devA, devB, hubYaml, sync: storage };
+  } catch (err) {
+    for (const p of started) await stop(p);
+    throw err;
+  }
 }
