@@ -271,13 +271,21 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
       for (let k = 0; k < len; k++) s.strContent("route entry");
       v.routeEnd = s.pos;
       v.routeCount = len;
-    } else if (key === PUBLISHER) {
-      v.publisherStart = s.strContent("publisher");
-      v.publisherEnd = s.pos;
-    } else if (key === QOS) {
-      const q = s.u8();
-      if (q > 2) throw new InvalidArgumentError("envelope field qos is not 0, 1 or 2");
-      v.qos = q;
+    } else if (key === PUBLISHER || key === QOS) {
+      // Optional fields: one of another type is skipped like an unknown key (readers leave it out).
+      const at = s.pos;
+      s.skip(1);
+      const b = body[at]!;
+      if (key === QOS && b <= 2) v.qos = b;
+      if (key === PUBLISHER && s.pos > at) {
+        const r = new Scanner(body);
+        r.pos = at;
+        const n = r.strLen();
+        if (n >= 0) {
+          v.publisherStart = r.pos;
+          v.publisherEnd = r.pos + n;
+        }
+      }
     } else if (key === PAYLOAD) {
       v.payloadStart = s.pos;
       s.skip(1);

@@ -1,7 +1,8 @@
 import { describe, expect, test } from "bun:test";
 import { Packr } from "msgpackr";
 import { decodeEnvelope, encodeEnvelope, type EnvelopeFields } from "../../src/envelope/envelope.ts";
-import { channelIs, envelopeChannel, envelopeId, routeEntry, routeIncludes, routeNames, scanEnvelope, utf8Bytes, withRoute } from "../../src/envelope/scan.ts";
+import { channelIs, envelopeChannel, envelopeId, publisherIs, routeEntry, routeIncludes, routeNames, scanEnvelope, utf8Bytes, withRoute } from "../../src/envelope/scan.ts";
+import { storedPayload } from "../../src/mqtt/payload.ts";
 
 /** What the scan gives, decoded. */
 function read(body: Uint8Array): { id: string; channel: string; route: string[] } {
@@ -106,6 +107,31 @@ describe("scanEnvelope", () => {
     expect(channelIs(body, v, utf8Bytes("cc"))).toBe(false);
     expect(routeNames(body, v)).toEqual(["dev", "hub"]);
     expect(decodeEnvelope(withRoute(body, v, routeEntry("b")), 1).route).toEqual(["dev", "hub", "b"]);
+  });
+
+  test("finds the payload's bytes, the publisher and the QoS, and says whether other metadata is there", () => {
+    for (const payload of payloads) {
+      const body = encodeEnvelope(fields({ payload }));
+      const v = scanEnvelope(body);
+      expect(plain.unpack(body.subarray(v.payloadStart, v.payloadEnd))).toEqual(payload);
+      expect([v.hasMeta, v.publisherStart, v.qos]).toEqual([false, -1, -1]);
+      // Text and bytes are cut out as they are stored; anything else is JSON.
+      const mqtt = new TextDecoder().decode(storedPayload(body, v));
+      expect(mqtt).toBe(typeof payload === "string" ? payload : payload instanceof Uint8Array ? new TextDecoder().decode(payload) : JSON.stringify(payload ?? null));
+    }
+    const withMeta = encodeEnvelope(fields({ publisher: "dev/7", qos: 2 }));
+    const v = scanEnvelope(withMeta);
+    expect([v.hasMeta, v.qos, publisherIs(withMeta, v, utf8Bytes("dev/7")), publisherIs(withMeta, v, utf8Bytes("dev/8"))]).toEqual([false, 2, true, false]);
+    expect(scanEnvelope(encodeEnvelope(fields({ headers: [["a", "1"]] }))).hasMeta).toBe(true);
+    expect(decodeEnvelope(encodeEnvelope(fields({ headers: [["a", "1"]], expires: 5, utf8: true })), 1)).toMatchObject({ headers: [["a", "1"]], expires: 5, utf8: true });
+  });
+
+  test("a publisher or qos of another type is skipped like an unknown key, not refused", () => {
+    const odd = raw(4, [...plain.pack("nine")], "qos");
+    expect(scanEnvelope(odd).qos).toBe(-1);
+    const odd2 = raw(4, [...plain.pack(7)], "publisher");
+    expect(scanEnvelope(odd2).publisherStart).toBe(-1);
+    expect(decodeEnvelope(odd, 1).qos).toBeUndefined();
   });
 
   test("refuses bodies that are not envelopes, with a typed error", () => {
