@@ -21,6 +21,10 @@ export function linkJson(l: LinkInfo): Record<string, unknown> {
     stored: l.stored,
     backlog: l.backlog,
     last_error: l.lastError,
+    compression: l.compression,
+    max_bytes_per_s: l.maxBytesPerS,
+    wire_bytes: l.wire && { sent_raw: l.wire.sentRaw, sent_wire: l.wire.sentWire, received_raw: l.wire.receivedRaw, received_wire: l.wire.receivedWire },
+    lanes: l.lanes.map((x) => ({ priority: x.priority, queued_frames: x.queuedFrames, queued_bytes: x.queuedBytes, sent_frames: x.sentFrames, sent_bytes: x.sentBytes })),
   };
 }
 
@@ -31,6 +35,8 @@ export function federationGauges(links: LinkInfo[], audit: { failedWrites: numbe
   const rtt: GaugeSample[] = [];
   const backlog: GaugeSample[] = [];
   const backlogBytes: GaugeSample[] = [];
+  const wire: GaugeSample[] = [];
+  const laneBytes: GaugeSample[] = [];
   for (const l of links) {
     const labels = { kind: l.kind, target: l.target };
     up.push({ help: "1 when the link or peer session is open.", value: l.state === "open" ? 1 : 0, labels });
@@ -41,6 +47,17 @@ export function federationGauges(links: LinkInfo[], audit: { failedWrites: numbe
       backlog.push({ help: "Messages stored here and not yet acknowledged by the peer.", value: b.messages, labels: where });
       backlogBytes.push({ help: "Record bytes stored here and not yet acknowledged by the peer (to within 4 KiB).", value: b.bytes, labels: where });
     }
+    if (l.wire) {
+      const help = "BATCH bytes of the open session: as encoded (stage raw) and on the wire after compression (stage wire).";
+      const peer = l.peer ?? "";
+      wire.push({ help, value: l.wire.sentRaw, labels: { ...labels, peer, direction: "sent", stage: "raw" } });
+      wire.push({ help, value: l.wire.sentWire, labels: { ...labels, peer, direction: "sent", stage: "wire" } });
+      wire.push({ help, value: l.wire.receivedRaw, labels: { ...labels, peer, direction: "received", stage: "raw" } });
+      wire.push({ help, value: l.wire.receivedWire, labels: { ...labels, peer, direction: "received", stage: "wire" } });
+    }
+    for (const x of l.lanes) {
+      laneBytes.push({ help: "Wire bytes of data sent in each priority lane of the open session.", value: x.sentBytes, labels: { ...labels, peer: l.peer ?? "", priority: String(x.priority) } });
+    }
   }
   return {
     keyop_link_up: up,
@@ -48,6 +65,8 @@ export function federationGauges(links: LinkInfo[], audit: { failedWrites: numbe
     keyop_link_rtt_seconds: rtt,
     keyop_federation_backlog_messages: backlog,
     keyop_federation_backlog_bytes: backlogBytes,
+    keyop_federation_batch_bytes: wire,
+    keyop_federation_lane_sent_bytes: laneBytes,
     ...(audit
       ? {
           keyop_audit_write_failures: [{ help: "Audit trail appends that failed since start (each retried, lines kept).", value: audit.failedWrites }],

@@ -5,6 +5,7 @@
  */
 import { assertName, assertPattern } from "../envelope/names.ts";
 import { KeyopError } from "../errors.ts";
+import { DEFAULT_PRIORITY, HIGHEST_PRIORITY, LOWEST_PRIORITY, type PriorityRule } from "../federation/priority.ts";
 import { parseDuration, parseMode, parseSize } from "./units.ts";
 
 /** A YAML mapping as read. */
@@ -109,6 +110,40 @@ export class Reader {
         out.push(p);
       } catch (err) {
         this.fail(`${path}[${i}]`, err instanceof KeyopError ? err.message : String(err));
+      }
+    });
+    return out;
+  }
+
+  /**
+   * Channel rules that may name a lane: each entry a pattern, or
+   * `{pattern, priority}` (0 the highest, 7 the lowest).
+   */
+  priorityRules(v: unknown, path: string): PriorityRule[] {
+    if (v === undefined || v === null) return [];
+    if (!Array.isArray(v)) return this.fail(path, "must be a list of patterns") ?? [];
+    const out: PriorityRule[] = [];
+    v.forEach((p, i) => {
+      const at = `${path}[${i}]`;
+      let pattern: unknown = p;
+      let priority = DEFAULT_PRIORITY;
+      if (p !== null && typeof p === "object" && !Array.isArray(p)) {
+        const o = this.obj(p, at, ["pattern", "priority"]);
+        if (!o) return;
+        pattern = o.pattern;
+        const pr = o.priority === undefined ? DEFAULT_PRIORITY : this.int(o.priority, `${at}.priority`, HIGHEST_PRIORITY, LOWEST_PRIORITY);
+        if (pr === undefined) return;
+        priority = pr;
+        if (pattern === undefined) {
+          this.fail(`${at}.pattern`, "is required");
+          return;
+        }
+      }
+      try {
+        assertPattern(pattern);
+        out.push({ pattern, priority });
+      } catch (err) {
+        this.fail(typeof p === "object" ? `${at}.pattern` : at, err instanceof KeyopError ? err.message : String(err));
       }
     });
     return out;

@@ -9,12 +9,17 @@ import { isLogLevel, type LogFormat, type LogLevel } from "../observability/logg
 import type { SyncMode } from "../store/channel-log.ts";
 import { type JetStreamConfig, readJetStream } from "./jetstream.ts";
 import { Reader } from "./reader.ts";
+import type { PriorityRule } from "../federation/priority.ts";
 
 /** A peer a hub accepts, with what it may publish into and receive from the hub. */
 export interface PeerConfig {
   name: string;
   publish: string[];
   subscribe: string[];
+  /** The subscribe rules with their lanes (same order as `subscribe`). */
+  subscribeLanes: PriorityRule[];
+  /** Cap on the data bytes sent to this peer per second (undefined: none). */
+  maxBytesPerS: number | undefined;
 }
 
 /** A link from this instance to a hub. */
@@ -22,9 +27,16 @@ export interface LinkConfig {
   /** host:port of the hub, or of each hub of a tier that shares one identity: tried in turn. */
   hubs: string[];
   publish: string[];
+  /** The publish rules with their lanes (same order as `publish`). */
+  publishLanes: PriorityRule[];
   subscribe: string[];
   start: "latest" | "earliest";
+  /** Cap on the data bytes sent to the hub per second (undefined: none). */
+  maxBytesPerS: number | undefined;
 }
+
+/** What a side offers to compress federation batches with. */
+export type CompressionSetting = "auto" | "zstd" | "deflate" | "none";
 
 /** The validated configuration with every default applied (camelCase). */
 export interface AgentConfig {
@@ -51,6 +63,7 @@ export interface AgentConfig {
     window: number;
     /** Federation cursors of a peer not connected for this long are removed (ms). */
     peerExpiryMs: number;
+    compression: CompressionSetting;
   };
   dedup: { capacity: number };
   audit: { path: string | undefined; maxFileBytes: number; maxFiles: number };
@@ -110,6 +123,9 @@ export interface ConfigOverrides {
   logLevel?: string | undefined;
 }
 
+/** The lowest bandwidth cap accepted: below it one heartbeat period would not carry a small batch. */
+const MIN_BYTES_PER_S = 256;
+
 const TOP = ["name", "storage", "subscribers", "api", "tls", "hub", "links", "federation", "dedup", "audit", "log", "mqtt"] as const;
 
 /**
@@ -145,7 +161,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     const peers: PeerConfig[] = [];
     r.list(hubRaw.peers, "hub.peers").forEach((p, i) => {
       const path = `hub.peers[${i}]`;
-      const o = r.obj(p, path, ["name", "publish", "subscribe"]);
+      const o = r.obj(p, path, ["name", "publish", "subscribe", "max_bytes_per_s"]);
       if (!o) {
         r.fail(path, "must be a mapping");
         return;
@@ -153,7 +169,14 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       const pname = r.required(o.name, `${path}.name`, r.name);
       if (pname && seen.has(pname)) r.fail(`${path}.name`, `duplicate peer "${pname}"`);
       if (pname) seen.add(pname);
-      const peer = { name: pname ?? "", publish: r.patterns(o.publish, `${path}.publish`), subscribe: r.patterns(o.subscribe, `${path}.subscribe`) };
+      const subscribeLanes = r.priorityRules(o.subscribe, `${path}.subscribe`);
+      const peer: PeerConfig = {
+        name: pname ?? "",
+        publish: r.patterns(o.publish, `${path}.publish`),
+        subscribe: subscribeLanes.map((x) => x.pattern),
+        subscribeLanes,
+        maxBytesPerS: r.size(o.max_bytes_per_s, `${path}.max_bytes_per_s`, MIN_BYTES_PER_S),
+      };
       if (pname) peers.push(peer);
     });
     const jetstream = hubRaw.jetstream === undefined || hubRaw.jetstream === null ? undefined : readJetStream(r, hubRaw.jetstream, peers);
@@ -163,15 +186,18 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
   const links: LinkConfig[] = [];
   r.list(top.links, "links").forEach((l, i) => {
     const path = `links[${i}]`;
-    const o = r.obj(l, path, ["hub", "publish", "subscribe", "start"]);
+    const o = r.obj(l, path, ["hub", "publish", "subscribe", "start", "max_bytes_per_s"]);
     if (!o) {
       r.fail(path, "must be a mapping");
       return;
     }
     const hubs = r.required(o.hub, `${path}.hub`, r.hostPorts);
+    const publishLanes = r.priorityRules(o.publish, `${path}.publish`);
     const link: LinkConfig = {
       hubs: hubs ?? [],
-      publish: r.patterns(o.publish, `${path}.publish`),
+      publish: publishLanes.map((x) => x.pattern),
+      publishLanes,
+      maxBytesPerS: r.size(o.max_bytes_per_s, `${path}.max_bytes_per_s`, MIN_BYTES_PER_S),
       subscribe: r.patterns(o.subscribe, `${path}.subscribe`),
       start: r.oneOf(o.start, `${path}.start`, ["latest", "earliest"] as const) ?? "latest",
     };
@@ -179,7 +205,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
   });
   if ((hubRaw || links.length > 0) && !tlsRaw) r.fail("tls", "is required for federation (hub or links)");
 
-  const fed = r.obj(top.federation, "federation", ["reconnect_base_ms", "reconnect_max_ms", "reconnect_jitter", "heartbeat_ms", "max_batch_bytes", "window", "peer_expiry"]) ?? {};
+  const fed = r.obj(top.federation, "federation", ["reconnect_base_ms", "reconnect_max_ms", "reconnect_jitter", "heartbeat_ms", "max_batch_bytes", "window", "peer_expiry", "compression"]) ?? {};
   const dedup = r.obj(top.dedup, "dedup", ["capacity"]) ?? {};
   const audit = r.obj(top.audit, "audit", ["path", "max_file_bytes", "max_files"]) ?? {};
   const log = r.obj(top.log, "log", ["level", "format"]) ?? {};
@@ -219,6 +245,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       maxBatchBytes: r.size(fed.max_batch_bytes, "federation.max_batch_bytes", 1024) ?? 1024 * 1024,
       window: r.int(fed.window, "federation.window", 1, 1024) ?? 8,
       peerExpiryMs: r.duration(fed.peer_expiry, "federation.peer_expiry", 60_000) ?? 7 * 86_400_000,
+      compression: r.oneOf(fed.compression, "federation.compression", ["auto", "zstd", "deflate", "none"] as const) ?? "auto",
     },
     dedup: { capacity: r.int(dedup.capacity, "dedup.capacity", 0, 100_000_000) ?? 100_000 },
     audit: {

@@ -23,6 +23,8 @@ import { Receiver } from "./receiver.ts";
 import { type HubStore, messengerSink, type RecordSink } from "./sink.ts";
 import { type PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
 import { splitHostPort } from "./redial.ts";
+import { codecsFor } from "./compression.ts";
+import { compilePriorities } from "./priority.ts";
 
 /** The parts of the agent's configuration federation runs on. */
 export type FederationConfig = Pick<AgentConfig, "hub" | "links" | "federation" | "dedup" | "audit">;
@@ -51,7 +53,7 @@ export class Federation implements LinkDialer {
   private readonly dedup: RecentIds;
   private server: MtlsServer<PeerSession> | null = null;
   private readonly parts = new Map<PeerSession, SessionParts>();
-  private readonly peers = new Map<string, { cfg: PeerConfig; publish: Matcher; subscribe: Matcher }>();
+  private readonly peers = new Map<string, { cfg: PeerConfig; publish: Matcher; subscribe: Matcher; laneOf: (channel: string) => number }>();
   private readonly runners: LinkRunner[] = [];
   private stopped = false;
   /** Where records from links are stored: the log. */
@@ -73,7 +75,9 @@ export class Federation implements LinkDialer {
     this.logger = logger;
     this.dedup = new RecentIds(cfg.dedup.capacity);
     this.audit = cfg.audit.path ? new AuditLog({ path: cfg.audit.path, maxFileBytes: cfg.audit.maxFileBytes, maxFiles: cfg.audit.maxFiles, logger }) : undefined;
-    for (const p of cfg.hub?.peers ?? []) this.peers.set(p.name, { cfg: p, publish: compileRules(p.publish), subscribe: compileRules(p.subscribe) });
+    for (const p of cfg.hub?.peers ?? []) {
+      this.peers.set(p.name, { cfg: p, publish: compileRules(p.publish), subscribe: compileRules(p.subscribe), laneOf: compilePriorities(p.subscribeLanes) });
+    }
   }
 
   private cleanupTimer: ReturnType<typeof setInterval> | null = null;
@@ -125,10 +129,24 @@ export class Federation implements LinkDialer {
   }
 
   private sessionOptions(role: "client" | "hub") {
-    return { role, maxBody: this.cfg.federation.maxBatchBytes + 64 * 1024, heartbeatMs: this.cfg.federation.heartbeatMs, logger: this.logger, audit: this.audit };
+    return {
+      role,
+      maxBody: this.cfg.federation.maxBatchBytes + 64 * 1024,
+      heartbeatMs: this.cfg.federation.heartbeatMs,
+      logger: this.logger,
+      audit: this.audit,
+      compression: codecsFor(this.cfg.federation.compression),
+    };
   }
 
-  private forwarder(s: PeerSession, patterns: string[], start: "latest" | "earliest", allow?: Matcher, cursors: "durable" | "volatile" = "durable"): Sender | undefined {
+  private forwarder(
+    s: PeerSession,
+    patterns: string[],
+    start: "latest" | "earliest",
+    allow?: Matcher,
+    cursors: "durable" | "volatile" = "durable",
+    shape: { laneOf?: (channel: string) => number; maxBytesPerS?: number | undefined } = {},
+  ): Sender | undefined {
     const volatile = cursors === "volatile";
     if (patterns.length === 0) return undefined;
     // A hub tier's peers read the tier's streams; links and a hub on its own log read the log.
@@ -153,6 +171,7 @@ export class Federation implements LinkDialer {
         window: this.cfg.federation.window,
         maxBatchBytes: this.cfg.federation.maxBatchBytes,
         logger: this.logger,
+        ...shape,
       });
     void f.run().catch((err) => {
       this.logger.error("forwarder stopped with an error", { peer: s.peer.name, error: String(err) });
@@ -201,8 +220,11 @@ export class Federation implements LinkDialer {
         const allowDown = peer.subscribe;
         // An ephemeral peer gets live messages only: cursors in memory, gone with the session.
         // A link's cursor, made at its first session, starts where the link asked.
+        const shape = { laneOf: peer.laneOf, maxBytesPerS: peer.cfg.maxBytesPerS };
         parts.forwarder =
-          s.hello!.mode === "ephemeral" ? this.forwarder(s, s.hello!.subscribe, "latest", allowDown, "volatile") : this.forwarder(s, s.hello!.subscribe, s.hello!.start ?? "latest", allowDown);
+          s.hello!.mode === "ephemeral"
+            ? this.forwarder(s, s.hello!.subscribe, "latest", allowDown, "volatile", shape)
+            : this.forwarder(s, s.hello!.subscribe, s.hello!.start ?? "latest", allowDown, "durable", shape);
         this.audit?.record("peer_connected", { peer: s.peer.name, fingerprint: s.peer.fingerprint, mode: s.hello!.mode });
         this.logger.info("peer connected", { peer: s.peer.name, mode: s.hello!.mode });
       },
@@ -216,7 +238,7 @@ export class Federation implements LinkDialer {
       onOpen: (s) => {
         this.parts.set(s, {
           receiver: new Receiver({ sink: this.localSink, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit }),
-          forwarder: this.forwarder(s, link.publish, link.start),
+          forwarder: this.forwarder(s, link.publish, link.start, undefined, "durable", { laneOf: compilePriorities(link.publishLanes), maxBytesPerS: link.maxBytesPerS }),
         });
         runner.opened(s);
         this.audit?.record("peer_connected", { peer: s.peer.name, hub: runner.address });
@@ -250,6 +272,7 @@ export class Federation implements LinkDialer {
             heartbeatMs: this.cfg.federation.heartbeatMs,
             maxBatchBytes: this.cfg.federation.maxBatchBytes,
             start: link.start,
+            compression: codecsFor(this.cfg.federation.compression),
           }),
         ),
       ),
@@ -273,6 +296,7 @@ export class Federation implements LinkDialer {
       if (parts) {
         st.unackedBatches = parts.forwarder?.unacked ?? 0;
         st.stored = parts.receiver.stats.stored;
+        st.lanes = parts.forwarder?.laneStats?.() ?? [];
       }
       // From the durable cursors, so a link that is down still shows what waits for it.
       if (l.lastPeer) st.backlog = this.backlogOf(l.lastPeer, l.config.publish);
@@ -292,6 +316,10 @@ export class Federation implements LinkDialer {
         stored: p.receiver.stats.stored,
         backlog: p.forwarder?.backlog() ?? [],
         lastError: null,
+        compression: s.codec ?? null,
+        wire: { ...s.wire },
+        lanes: p.forwarder?.laneStats?.() ?? [],
+        maxBytesPerS: this.peers.get(s.peer.name)?.cfg.maxBytesPerS ?? null,
       });
     }
     return out;

@@ -11,8 +11,11 @@ import { CursorReader, type Delivery, STORED } from "../messenger/cursor-reader.
 import type { DurableSubscriber, StoredEnvelope } from "../messenger/durable-subscriber.ts";
 import { Window } from "../messenger/window.ts";
 import type { Logger } from "../observability/logger.ts";
+import { LaneScheduler, type LaneStats } from "./lanes.ts";
 import type { ChannelBacklog, Link } from "./link.ts";
 import { batchFrame, type Ack } from "./messages.ts";
+import { DEFAULT_PRIORITY } from "./priority.ts";
+import { TokenBucket } from "./token-bucket.ts";
 
 /** How a forwarder runs. */
 export interface ForwarderOptions {
@@ -34,6 +37,20 @@ export interface ForwarderOptions {
    * cursor file, nothing pinned in retention).
    */
   volatile?: boolean;
+  /** The lane of a channel's batches (priority.ts); one lane when absent. */
+  laneOf?: (channel: string) => number;
+  /** Cap on the wire bytes of data sent per second; none when absent. */
+  maxBytesPerS?: number | undefined;
+}
+
+/**
+ * How much a batch holds under a bandwidth cap: half a second at the cap
+ * (at least 4 KiB), so that a higher lane waits at most about that long
+ * behind a batch already going out.
+ */
+export function cappedBatchBytes(maxBatchBytes: number, maxBytesPerS: number | undefined): number {
+  if (maxBytesPerS === undefined) return maxBatchBytes;
+  return Math.min(maxBatchBytes, Math.max(4096, Math.floor(maxBytesPerS / 2)));
 }
 
 /** Per channel, what the durable cursors `subs` have not acknowledged (channels `allow` accepts). */
@@ -70,6 +87,8 @@ export interface Sender {
   readonly unacked: number;
   /** What the peer has not acknowledged, per channel (or pattern). */
   backlog(): ChannelBacklog[];
+  /** Per lane, what waits to go and what went (none for a sender without lanes). */
+  laneStats?(): LaneStats[];
   stop(): void;
 }
 
@@ -92,6 +111,8 @@ export class Forwarder implements Sender {
   private stopped = false;
   /** Records not sent because the peer was already in their route. */
   loopSkipped = 0;
+  private readonly lanes: LaneScheduler;
+  private readonly laneOf: (channel: string) => number;
 
   constructor(opts: ForwarderOptions) {
     this.opts = opts;
@@ -103,10 +124,14 @@ export class Forwarder implements Sender {
       const name = cursorName(opts.session.peer.name);
       this.subs = opts.patterns.map((p) => opts.messenger.openSubscriber(p, name, { from: opts.start }));
     }
-    const window = new Window(opts.window);
+    const cap = opts.maxBytesPerS;
+    this.lanes = new LaneScheduler(opts.session, { bucket: cap === undefined ? undefined : new TokenBucket(cap, Math.max(512, cap / 4), performance.now()) });
+    this.laneOf = opts.laneOf ?? (() => DEFAULT_PRIORITY);
+    const maxBytes = cappedBatchBytes(opts.maxBatchBytes, cap) - 1024;
+    // A window per pattern: a lane's reader never waits for room that another lane's backlog holds.
     this.readers = this.subs.map((sub) => {
       sub.touch(); // the peer is here: its cursors are not stale
-      return new CursorReader(sub, { form: STORED, window, unit: "run", maxRecords: 10_000, maxBytes: opts.maxBatchBytes - 1024 });
+      return new CursorReader(sub, { form: STORED, window: new Window(opts.window), unit: "run", maxRecords: 10_000, maxBytes });
     });
   }
 
@@ -136,11 +161,18 @@ export class Forwarder implements Sender {
         const batch = this.nextBatch++;
         this.inflight.set(batch, { reader, delivery: d });
         // While the window has room the ACK may come a little later, with others in one write.
-        const delayAck = this.inflight.size < this.opts.window;
-        session.send(batchFrame({ batch, channel: d.channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body), delayAck }));
+        const delayAck = reader.inflight < this.opts.window;
+        const frame = batchFrame({ batch, channel: d.channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body), delayAck });
+        this.lanes.push(this.laneOf(d.channel), session.pack(frame));
       }
-      await session.writable();
+      // The next batches are fetched once these are out: what waits to go is at most one fetch per pattern.
+      await this.lanes.idle();
     }
+  }
+
+  /** Per lane: what waits to go, and what went. */
+  laneStats(): LaneStats[] {
+    return this.lanes.stats();
   }
 
   /** An ACK from the peer: the cursor moves past what the batch covered. */
@@ -167,6 +199,7 @@ export class Forwarder implements Sender {
   /** Stops sending; unacknowledged batches are sent again by the next session. */
   stop(): void {
     this.stopped = true;
+    this.lanes.stop();
     for (const r of this.readers) r.stop();
     if (this.opts.volatile) for (const sub of this.subs) this.opts.messenger.dropVolatileSubscriber(sub);
   }

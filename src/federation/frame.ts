@@ -34,6 +34,8 @@ export const FrameType = {
   PING: 5,
   PONG: 6,
   CLOSE: 7,
+  /** A BATCH compressed with the codec agreed in HELLO/WELCOME (compression.ts). */
+  COMPRESSED: 8,
 } as const;
 /** A frame type number. */
 export type FrameTypeId = (typeof FrameType)[keyof typeof FrameType];
@@ -43,6 +45,8 @@ const TYPE_NAMES: Record<number, string> = Object.fromEntries(Object.entries(Fra
 export interface Frame {
   type: FrameTypeId;
   body: Record<string, unknown>;
+  /** Bytes of the frame, header included. */
+  size: number;
 }
 
 /** Malformed bytes from a peer; the connection must be closed and audited. */
@@ -74,7 +78,8 @@ export function encodeFrame(type: FrameTypeId, body: Record<string, unknown>, ma
   return out;
 }
 
-function decodeBody(type: number, bytes: Uint8Array): Frame {
+/** Decodes a frame body of `type` (a msgpack map); throws `FrameError`. */
+export function decodeFrameBody(type: number, bytes: Uint8Array): Frame {
   let body: unknown;
   try {
     body = packr.unpack(bytes);
@@ -85,7 +90,7 @@ function decodeBody(type: number, bytes: Uint8Array): Frame {
   if (body === null || typeof body !== "object" || Object.getPrototypeOf(body) !== Object.prototype) {
     throw new FrameError(`${frameTypeName(type)} body is not a map`);
   }
-  return { type: type as FrameTypeId, body: body as Record<string, unknown> };
+  return { type: type as FrameTypeId, body: body as Record<string, unknown>, size: HEADER_BYTES + bytes.length };
 }
 
 /**
@@ -147,7 +152,7 @@ export class FrameDecoder {
       if (len === 0) throw new FrameError(`${frameTypeName(type)} has an empty body`);
       if (this.size < HEADER_BYTES + len) break;
       const bytes = this.take(HEADER_BYTES + len);
-      frames.push(decodeBody(type, bytes.subarray(HEADER_BYTES)));
+      frames.push(decodeFrameBody(type, bytes.subarray(HEADER_BYTES)));
     }
     return frames;
   }

@@ -104,6 +104,10 @@ export class LinkRunner {
       stored: 0,
       backlog: [],
       lastError: this.lastError,
+      compression: s && this.state === "open" ? (s.codec ?? null) : null,
+      wire: s && this.state === "open" ? { ...s.wire } : null,
+      lanes: [],
+      maxBytesPerS: this.link.maxBytesPerS ?? null,
     };
   }
 

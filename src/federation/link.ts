@@ -3,11 +3,15 @@
  * who the peer is, whether it is open, frames out with backpressure, and a
  * way to end it with a reason. A `PeerSession` is one; tests use a fake.
  */
+import type { LaneStats } from "./lanes.ts";
+
 export interface Link {
   readonly peer: { readonly name: string };
   readonly state: "handshaking" | "open" | "closed";
   /** Queues a frame; false when the caller should wait for `writable()` before more. */
   send(frame: Uint8Array): boolean;
+  /** The bytes to send for a data frame (compressed when the session agreed on a codec). */
+  pack(frame: Uint8Array): Uint8Array;
   /** Resolves when the transport has room again. */
   writable(): Promise<void>;
   /** Sends CLOSE with `code` and `reason` and ends the session. */
@@ -31,6 +35,14 @@ export interface LinkInfo {
   /** Per channel: messages waiting to be acknowledged by the peer. */
   backlog: ChannelBacklog[];
   lastError: string | null;
+  /** The codec the open session agreed on, if any. */
+  compression: string | null;
+  /** BATCH bytes of the open session, as encoded and on the wire. */
+  wire: { sentRaw: number; sentWire: number; receivedRaw: number; receivedWire: number } | null;
+  /** The open session's lanes towards the peer. */
+  lanes: LaneStats[];
+  /** Cap on data bytes per second towards the peer, if any. */
+  maxBytesPerS: number | null;
 }
 
 /** What a peer has not acknowledged on one channel. */

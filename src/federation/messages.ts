@@ -34,6 +34,8 @@ export interface Hello {
    * (the link's `start`); absent means latest. Sent only when earliest.
    */
   start?: "earliest";
+  /** Codecs the sender can compress and decompress BATCHes with, preferred first (key `cmp`; absent: none). */
+  compression?: string[];
 }
 
 /** The hub's answer: the version chosen and what the peer is allowed. */
@@ -44,6 +46,8 @@ export interface Welcome {
   subscribe: string[];
   heartbeatMs: number;
   maxBatchBytes: number;
+  /** The codec both sides compress BATCHes with from now on (key `cmp`; absent: none). */
+  compression?: string;
 }
 
 /** Stored records of one channel, in seq order, as the sender stored them. */
@@ -134,6 +138,7 @@ export function clientHello(h: Omit<Hello, "versions" | "start"> & { start?: "la
 export function helloFrame(h: Hello): Uint8Array {
   const body: Record<string, unknown> = { v: h.versions, name: h.name, mode: h.mode, pub: h.publish, sub: h.subscribe, hb: h.heartbeatMs, mbb: h.maxBatchBytes };
   if (h.start === "earliest") body.st = "earliest";
+  if (h.compression && h.compression.length > 0) body.cmp = h.compression;
   return encodeFrame(FrameType.HELLO, body);
 }
 
@@ -157,6 +162,13 @@ export function parseHello(f: Frame): Hello {
     maxBatchBytes: int(b, "mbb", 1024, 64 * 1024 * 1024),
   };
   if (b.st === "earliest") hello.start = "earliest";
+  if (b.cmp !== undefined) {
+    const c = b.cmp;
+    if (!Array.isArray(c) || c.length > 16 || !c.every((x) => typeof x === "string" && x.length > 0 && x.length <= 32)) {
+      throw new FrameError('field "cmp" must list codec names');
+    }
+    hello.compression = c as string[];
+  }
   return hello;
 }
 
@@ -167,13 +179,15 @@ export function chooseVersion(theirs: number[]): number | null {
 
 /** Encodes a WELCOME frame. */
 export function welcomeFrame(w: Welcome): Uint8Array {
-  return encodeFrame(FrameType.WELCOME, { v: w.version, name: w.name, pub: w.publish, sub: w.subscribe, hb: w.heartbeatMs, mbb: w.maxBatchBytes });
+  const body: Record<string, unknown> = { v: w.version, name: w.name, pub: w.publish, sub: w.subscribe, hb: w.heartbeatMs, mbb: w.maxBatchBytes };
+  if (w.compression) body.cmp = w.compression;
+  return encodeFrame(FrameType.WELCOME, body);
 }
 
 /** Validates a WELCOME. */
 export function parseWelcome(f: Frame): Welcome {
   const b = expectType(f, FrameType.WELCOME, "WELCOME");
-  return {
+  const w: Welcome = {
     version: int(b, "v", 1, 255),
     name: str(b, "name", 128),
     publish: patterns(b, "pub"),
@@ -181,6 +195,8 @@ export function parseWelcome(f: Frame): Welcome {
     heartbeatMs: int(b, "hb", 100, 3_600_000),
     maxBatchBytes: int(b, "mbb", 1024, 64 * 1024 * 1024),
   };
+  if (b.cmp !== undefined) w.compression = str(b, "cmp", 32);
+  return w;
 }
 
 /**

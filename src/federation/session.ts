@@ -11,6 +11,7 @@ import type { MtlsSocket } from "../pki/mtls.ts";
 import type { AuditLog } from "./audit.ts";
 import { heartbeatStep } from "./heartbeat.ts";
 import { FrameDecoder, FrameError, FrameType, frameTypeName, type Frame } from "./frame.ts";
+import { chooseCodec, type Codec, compressFrame, decompressFrame, isCodec } from "./compression.ts";
 import { OutQueue } from "../net/out-queue.ts";
 import {
   chooseVersion,
@@ -46,6 +47,16 @@ export interface SessionOptions {
   logger: Logger;
   audit?: AuditLog | undefined;
   handshakeTimeoutMs?: number;
+  /** Codecs this side compresses BATCHes with, preferred first (a client offers them, a hub picks one); none when absent. */
+  compression?: readonly Codec[];
+}
+
+/** BATCH bytes through a session: as encoded, and as on the wire (after compression). */
+export interface WireBytes {
+  sentRaw: number;
+  sentWire: number;
+  receivedRaw: number;
+  receivedWire: number;
 }
 
 /** What the code above a session hears. */
@@ -90,6 +101,9 @@ export class PeerSession {
   rttMs: number | undefined;
   /** The CLOSE frame the peer ended the session with, if it sent one. */
   peerClose: { code: string; reason: string } | undefined;
+  /** The codec agreed in the handshake, if any. */
+  codec: Codec | undefined;
+  readonly wire: WireBytes = { sentRaw: 0, sentWire: 0, receivedRaw: 0, receivedWire: 0 };
   private readonly transport: SessionTransport;
   private readonly opts: SessionOptions;
   private readonly events: SessionEvents;
@@ -130,6 +144,17 @@ export class PeerSession {
     if (this.state === "closed") return false;
     this.lastSent = Date.now();
     return this.out.push(bytes);
+  }
+
+  /**
+   * The bytes to send for a data frame (a BATCH): compressed with the
+   * agreed codec when that pays, else as they are. Counted either way.
+   */
+  pack(frame: Uint8Array): Uint8Array {
+    const wire = this.codec ? compressFrame(this.codec, frame) : frame;
+    this.wire.sentRaw += frame.length;
+    this.wire.sentWire += wire.length;
+    return wire;
   }
 
   /** Resolves once the outbound buffer is below the high-water mark (or closed). */
@@ -181,6 +206,13 @@ export class PeerSession {
       case FrameType.BATCH:
         this.events.onBatch?.(this, parseBatch(f));
         return;
+      case FrameType.COMPRESSED: {
+        const inner = decompressFrame(f, this.codec, this.opts.maxBody);
+        this.wire.receivedRaw += inner.size;
+        this.wire.receivedWire += f.size;
+        this.events.onBatch?.(this, parseBatch(inner));
+        return;
+      }
       case FrameType.ACK:
         this.events.onAck?.(this, parseAck(f));
         return;
@@ -198,10 +230,15 @@ export class PeerSession {
       if (!answer) return this.close("refused", "hub takes no peers");
       if ("refuse" in answer) return this.close(answer.code, answer.refuse);
       this.hello = hello;
-      this.welcome = answer;
-      this.send(welcomeFrame(answer));
+      this.codec = chooseCodec(hello.compression ?? [], this.opts.compression ?? []);
+      this.welcome = this.codec ? { ...answer, compression: this.codec } : answer;
+      this.send(welcomeFrame(this.welcome));
     } else {
-      this.welcome = parseWelcome(f);
+      const welcome = parseWelcome(f);
+      const c = welcome.compression;
+      if (c !== undefined && (!isCodec(c) || !(this.hello?.compression ?? []).includes(c))) throw new FrameError(`WELCOME chose codec ${JSON.stringify(c)}, which was not offered`);
+      this.welcome = welcome;
+      this.codec = c;
     }
     this.heartbeatMs = this.welcome.heartbeatMs;
     this.state = "open";

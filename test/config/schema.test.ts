@@ -57,7 +57,16 @@ describe("config", () => {
     expect(c.storage).toEqual({ dataDir: "./keyop-data", sync: "always", syncIntervalMs: 200, segmentBytes: 64 * 2 ** 20, retention: { maxAgeMs: undefined, maxBytes: undefined } });
     expect(c.api).toEqual({ socket: "./keyop-data/keyop.sock", socketMode: 0o660, maxMessageBytes: 2 ** 20 });
     expect(c.subscribers).toEqual({ maxRetries: 5, retryBackoffBaseMs: 100, retryBackoffMaxMs: 5000 });
-    expect(c.federation).toEqual({ reconnectBaseMs: 500, reconnectMaxMs: 60_000, reconnectJitter: 0.2, heartbeatMs: 10_000, maxBatchBytes: 2 ** 20, window: 8, peerExpiryMs: 7 * 86_400_000 });
+    expect(c.federation).toEqual({
+      reconnectBaseMs: 500,
+      reconnectMaxMs: 60_000,
+      reconnectJitter: 0.2,
+      heartbeatMs: 10_000,
+      maxBatchBytes: 2 ** 20,
+      window: 8,
+      peerExpiryMs: 7 * 86_400_000,
+      compression: "auto",
+    });
     expect(c.dedup.capacity).toBe(100_000);
     expect(c.log).toEqual({ level: "info", format: "json" });
     expect(c.links).toEqual([]);
@@ -79,10 +88,47 @@ describe("config", () => {
     expect(c.name).toBe("board-7");
     expect(c.storage).toMatchObject({ dataDir: "/var/lib/keyop", sync: "interval", syncIntervalMs: 50, segmentBytes: 8 * 2 ** 20, retention: { maxAgeMs: 7 * 86_400_000, maxBytes: 2 ** 30 } });
     expect(c.api).toEqual({ socket: "/var/lib/keyop/keyop.sock", socketMode: 0o600, maxMessageBytes: 256 * 1024 });
-    expect(c.hub!.peers[0]).toEqual({ name: "dev1", publish: ["telemetry.>"], subscribe: ["cmd.dev1.>"] });
-    expect(c.links[0]).toEqual({ hubs: ["hub.example:7740"], publish: ["telemetry.>"], subscribe: ["cmd.>"], start: "earliest" });
+    expect(c.hub!.peers[0]).toEqual({ name: "dev1", publish: ["telemetry.>"], subscribe: ["cmd.dev1.>"], subscribeLanes: [{ pattern: "cmd.dev1.>", priority: 4 }], maxBytesPerS: undefined });
+    expect(c.links[0]).toEqual({
+      hubs: ["hub.example:7740"],
+      publish: ["telemetry.>"],
+      publishLanes: [{ pattern: "telemetry.>", priority: 4 }],
+      subscribe: ["cmd.>"],
+      start: "earliest",
+      maxBytesPerS: undefined,
+    });
     expect(c.federation.heartbeatMs).toBe(5000);
     expect(c.federation.window).toBe(4);
+  });
+
+  test("link rules may name a lane, and links and peers a bandwidth cap", () => {
+    const c = parseConfig({
+      tls: { cert: "a.crt", key: "a.key", ca: "ca.crt" },
+      hub: { listen: "0.0.0.0:7740", peers: [{ name: "dev1", subscribe: [{ pattern: "cmd.>", priority: 1 }, "ota.>"], max_bytes_per_s: "64KiB" }] },
+      links: [{ hub: "hub:7740", publish: [{ pattern: "alarm.>", priority: 0 }, "telemetry.>"], max_bytes_per_s: 32768 }],
+      federation: { compression: "zstd" },
+    });
+    expect(c.links[0]!.publish).toEqual(["alarm.>", "telemetry.>"]);
+    expect(c.links[0]!.publishLanes).toEqual([
+      { pattern: "alarm.>", priority: 0 },
+      { pattern: "telemetry.>", priority: 4 },
+    ]);
+    expect(c.links[0]!.maxBytesPerS).toBe(32768);
+    expect(c.hub!.peers[0]!.subscribe).toEqual(["cmd.>", "ota.>"]);
+    expect(c.hub!.peers[0]!.subscribeLanes[0]).toEqual({ pattern: "cmd.>", priority: 1 });
+    expect(c.hub!.peers[0]!.maxBytesPerS).toBe(65536);
+    expect(c.federation.compression).toBe("zstd");
+    const p = problems({
+      tls: { cert: "a.crt", key: "a.key", ca: "ca.crt" },
+      links: [{ hub: "hub:7740", publish: [{ pattern: "alarm.>", priority: 9 }, { priority: 1 }, { pattern: "a..b" }, { pattern: "x", prio: 1 }], max_bytes_per_s: 10 }],
+      federation: { compression: "lz4" },
+    });
+    expect(p).toContain("links[0].publish[0].priority: must be an integer from 0 to 7");
+    expect(p).toContain("links[0].publish[1].pattern: is required");
+    expect(p.some((x) => x.startsWith("links[0].publish[2].pattern:"))).toBe(true);
+    expect(p.some((x) => x.startsWith("links[0].publish[3]") && x.includes("prio"))).toBe(true);
+    expect(p.some((x) => x.startsWith("links[0].max_bytes_per_s"))).toBe(true);
+    expect(p).toContain("federation.compression: must be one of auto, zstd, deflate, none");
   });
 
   test("every problem is reported at once, each with its key path", () => {

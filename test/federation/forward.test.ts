@@ -166,7 +166,7 @@ describe("forwarder cursor", () => {
     const m = await Messenger.open({ name: "devX", storage: { dataDir: dir2 } });
     const sent: Uint8Array[] = [];
     // A session that records frames and never acks: the batch stays in flight.
-    const session: Link = { peer: { name: "hub" }, state: "open", send: (b: Uint8Array) => sent.push(b) > 0, writable: async () => {}, close: () => {} };
+    const session: Link = { peer: { name: "hub" }, state: "open", send: (b: Uint8Array) => sent.push(b) > 0, writable: async () => {}, pack: (f: Uint8Array) => f, close: () => {} };
     const fwd = new Forwarder({ messenger: m, session, patterns: ["t.c"], start: "earliest", window: 8, maxBatchBytes: 64 * 1024, logger: silentLogger });
     await m.publish("t.c", "n", 1);
     void fwd.run();

@@ -23,7 +23,12 @@ export interface PipeEnd extends SessionTransport {
 const identity = (name: string) => ({ name, fingerprint: `fp-${name}`, notAfter: new Date(Date.now() + 86_400_000) });
 
 /** A client session and a hub session on one pipe; `hubEvents` decide the handshake. */
-export function sessionPair(clientEvents: SessionEvents, hubEvents: SessionEvents, opts: Partial<SessionOptions> = {}): { client: PeerSession; hub: PeerSession; clientEnd: PipeEnd; hubEnd: PipeEnd } {
+export function sessionPair(
+  clientEvents: SessionEvents,
+  hubEvents: SessionEvents,
+  opts: Partial<SessionOptions> = {},
+  sides: { client?: Partial<SessionOptions>; hub?: Partial<SessionOptions> } = {},
+): { client: PeerSession; hub: PeerSession; clientEnd: PipeEnd; hubEnd: PipeEnd } {
   let client: PeerSession | null = null;
   let hub: PeerSession | null = null;
   const end = (from: () => PeerSession | null, to: () => PeerSession | null): PipeEnd => {
@@ -69,7 +74,7 @@ export function sessionPair(clientEvents: SessionEvents, hubEvents: SessionEvent
     () => client,
   );
   const base = { maxBody: 1 << 20, heartbeatMs: 5_000, logger: silentLogger, ...opts };
-  client = new PeerSession(clientEnd, identity("hub"), { ...base, role: "client" }, clientEvents);
-  hub = new PeerSession(hubEnd, identity("dev"), { ...base, role: "hub" }, hubEvents);
+  client = new PeerSession(clientEnd, identity("hub"), { ...base, ...sides.client, role: "client" }, clientEvents);
+  hub = new PeerSession(hubEnd, identity("dev"), { ...base, ...sides.hub, role: "hub" }, hubEvents);
   return { client, hub, clientEnd, hubEnd };
 }

@@ -25,6 +25,7 @@ function fakeLink() {
       return true;
     },
     writable: () => Promise.resolve(),
+    pack: (f) => f,
     close() {
       link.state = "closed";
     },

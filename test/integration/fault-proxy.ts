@@ -3,8 +3,10 @@
  * latency, deliver bytes in small pieces (partial writes), cut every
  * connection at once (mid-frame, mid-batch: wherever they are), or
  * blackhole them (stop forwarding both ways without closing, as a dead
- * network path does). Bytes are never dropped while forwarding: what a
- * socket does not take is kept and written on its drain.
+ * network path does), and shape them: a byte rate per direction (a token
+ * bucket) with `delayMs` as the fixed delay each way, as a cellular or
+ * satellite link. Bytes are never dropped while forwarding: what a socket
+ * does not take is kept and written on its drain.
  */
 import type { Socket, TCPSocketListener } from "bun";
 
@@ -13,8 +15,24 @@ class Pipe {
   private readonly queue: { bytes: Uint8Array; due: number }[] = [];
   private timer: ReturnType<typeof setTimeout> | null = null;
   to: Socket<any> | null = null;
+  /** Bytes written on so far. */
+  forwarded = 0;
+  /** The shaper's bucket: bytes that may go now, and when it was filled last. */
+  private tokens = 0;
+  private filledAt = performance.now();
 
   constructor(private readonly proxy: FaultProxy) {}
+
+  /** How many bytes the shaper lets go now (all of them when unshaped). */
+  private allowance(): number {
+    const rate = this.proxy.rateBytesPerS;
+    if (rate <= 0) return Number.POSITIVE_INFINITY;
+    const now = performance.now();
+    // A bucket of 50 ms: bursts no longer than a modem's buffer would let through.
+    this.tokens = Math.min(rate / 20, this.tokens + ((now - this.filledAt) * rate) / 1000);
+    this.filledAt = now;
+    return Math.floor(this.tokens);
+  }
 
   push(bytes: Uint8Array): void {
     this.queue.push({ bytes: new Uint8Array(bytes), due: performance.now() + this.proxy.delayMs });
@@ -35,8 +53,24 @@ class Pipe {
         }, wait);
         return;
       }
-      const piece = this.proxy.chunkBytes > 0 ? head.bytes.subarray(0, this.proxy.chunkBytes) : head.bytes;
+      const allowed = this.allowance();
+      if (allowed < 1) {
+        // Shaped: wait for the bucket to hold a few hundred bytes (or what is left of this chunk).
+        const want = Math.min(head.bytes.length, 512, Math.max(1, this.proxy.rateBytesPerS / 100));
+        this.timer = setTimeout(
+          () => {
+            this.timer = null;
+            this.pump();
+          },
+          Math.max(1, ((want - this.tokens) * 1000) / this.proxy.rateBytesPerS),
+        );
+        return;
+      }
+      let piece = this.proxy.chunkBytes > 0 ? head.bytes.subarray(0, this.proxy.chunkBytes) : head.bytes;
+      if (piece.length > allowed) piece = piece.subarray(0, allowed);
       const n = Math.max(0, this.to.write(piece));
+      this.forwarded += n;
+      if (this.proxy.rateBytesPerS > 0) this.tokens -= n;
       head.bytes = head.bytes.subarray(n);
       if (head.bytes.length === 0) this.queue.shift();
       if (n < piece.length) return; // the socket is full: its drain calls pump again
@@ -79,7 +113,12 @@ export class FaultProxy {
   delayMs = 0;
   /** When above 0, bytes are written in pieces of at most this many, one piece per event-loop turn. */
   chunkBytes = 0;
+  /** When above 0, each direction of each connection carries at most this many bytes per second. */
+  rateBytesPerS = 0;
   cuts = 0;
+  /** Bytes forwarded towards the target (up) and back (down), over connections that ended too. */
+  private endedUp = 0;
+  private endedDown = 0;
 
   constructor(targetPort: number) {
     const self = this;
@@ -137,7 +176,21 @@ export class FaultProxy {
   private drop(p: Pair): void {
     p.up.stop();
     p.down.stop();
-    this.pairs.delete(p);
+    if (this.pairs.delete(p)) {
+      this.endedUp += p.up.forwarded;
+      this.endedDown += p.down.forwarded;
+    }
+  }
+
+  /** Bytes forwarded so far towards the target (`up`) and back (`down`). */
+  bytes(): { up: number; down: number } {
+    let up = this.endedUp;
+    let down = this.endedDown;
+    for (const p of this.pairs) {
+      up += p.up.forwarded;
+      down += p.down.forwarded;
+    }
+    return { up, down };
   }
 
   /** The port clients should connect to. */

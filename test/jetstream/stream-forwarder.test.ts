@@ -63,6 +63,7 @@ function fakeLink(peer: string): Link & { batches: Batch[] } {
       return true;
     },
     writable: async () => {},
+    pack: (f) => f,
     close() {},
   };
 }

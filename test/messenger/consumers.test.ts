@@ -78,6 +78,7 @@ describeConsumer("federation forwarder", async () => {
           return true;
         },
         writable: async () => {},
+        pack: (f) => f,
         close: () => {},
       };
       const fwd = new Forwarder({ messenger: m, session: link, patterns: [pattern], start: "earliest", window: WINDOW, maxBatchBytes: 64 * 1024, logger: silentLogger });
