@@ -1,0 +1,120 @@
+/**
+ * Links that fit slow paths, with real `keyop run` processes: an alarm
+ * overtakes a telemetry backlog on a shaped link, the bandwidth cap holds,
+ * batches are compressed with a hub that agrees and plain with one side
+ * that does not offer it.
+ */
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { freePort, tmpDir, waitFor } from "../helpers.ts";
+import { fleet, runAgent, type AgentProc } from "./agent-process.ts";
+import { FaultProxy } from "./fault-proxy.ts";
+
+const api = (a: AgentProc, method: string, path: string, body?: string, type = "application/json") =>
+  fetch(`http://k${path}`, { method, body, headers: { "content-type": type }, unix: a.socket } as RequestInit).then((r) => r.json() as Promise<any>);
+
+/** A JSON telemetry reading of about 200 bytes. */
+const reading = (i: number) => ({
+  type: "reading",
+  payload: { device: "board-17", sensor: "engine-room-temperature", seq: i, celsius: 20 + (i % 50) / 10, humidity: 40 + (i % 13), ts: 1_795_940_853_240 + i * 1000 },
+});
+const ndjson = (from: number, n: number) => Array.from({ length: n }, (_, i) => JSON.stringify(reading(from + i))).join("\n");
+
+/** Messages of `channel` on `a` so far (read with a subscriber that never acks). */
+async function pulled(a: AgentProc, channel: string): Promise<any[]> {
+  const r = await api(a, "GET", `/v1/channels/${channel}/messages?subscriber=probe&from=earliest&max=10000`);
+  return r.messages ?? [];
+}
+
+const link = async (a: AgentProc) => (await api(a, "GET", "/v1/status")).links[0];
+const peer = async (hub: AgentProc, name: string) => (await api(hub, "GET", "/v1/status")).links.find((l: any) => l.peer === name);
+
+let dir: string;
+let hub: AgentProc, shaped: AgentProc, squeezed: AgentProc, plain: AgentProc;
+let slow: FaultProxy, counted: FaultProxy;
+const CAP = 24 * 1024;
+
+beforeAll(async () => {
+  dir = tmpDir();
+  const tls = await fleet(dir, ["hub", "shaped", "squeezed", "plain"]);
+  const port = freePort();
+  const fed = "federation:\n  heartbeat_ms: 1s\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 1s\n";
+  const cfg = (n: string, body: string) => {
+    const f = join(dir, `${n}.yaml`);
+    writeFileSync(f, `${tls(n)}storage:\n  sync: none\n${body}`);
+    return f;
+  };
+  const peers = ["shaped", "squeezed", "plain"].map((n) => `    - name: ${n}\n      publish: ["t.>", "alarm.>"]\n      subscribe: []\n`).join("");
+  hub = await runAgent(join(dir, "hub"), ["--config", cfg("hub", `${fed}hub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers}`)]);
+  // A cellular-like path: 32 KiB/s and 150 ms each way; the link's cap sits below it.
+  slow = new FaultProxy(port);
+  slow.rateBytesPerS = 32 * 1024;
+  slow.delayMs = 150;
+  counted = new FaultProxy(port);
+  const linkTo = (p: number, rules: string, extra = "") => `links:\n  - hub: 127.0.0.1:${p}\n    publish: ${rules}\n    start: earliest\n${extra}`;
+  shaped = await runAgent(join(dir, "shaped"), [
+    "--config",
+    cfg("shaped", `${fed}  compression: none\n${linkTo(slow.port, `[{pattern: "alarm.>", priority: 0}, "t.>"]`, `    max_bytes_per_s: ${CAP}\n`)}`),
+  ]);
+  squeezed = await runAgent(join(dir, "squeezed"), ["--config", cfg("squeezed", `${fed}${linkTo(counted.port, `["t.>"]`)}`)]);
+  plain = await runAgent(join(dir, "plain"), ["--config", cfg("plain", `${fed}  compression: none\n${linkTo(port, `["t.>"]`)}`)]);
+  // Open on the devices' side too: a link's cursors are made when its session opens there.
+  for (const a of [shaped, squeezed, plain]) await waitFor(async () => (await link(a))?.state === "open", "link open", 20_000);
+}, 60_000);
+
+afterAll(async () => {
+  slow?.stop();
+  counted?.stop();
+  for (const a of [shaped, squeezed, plain, hub]) {
+    a?.child.proc.kill("SIGTERM");
+    await a?.child.proc.exited;
+  }
+});
+
+describe("links on slow paths", () => {
+  test("an alarm overtakes a telemetry backlog, the cap holds within 10% over 10 s, and telemetry keeps its order", async () => {
+    // About 1 MB of telemetry: 40 s at the cap.
+    for (let k = 0; k < 4; k++) expect((await api(shaped, "POST", "/v1/channels/t.engine/messages", ndjson(k * 1000, 1000), "application/x-ndjson")).results).toHaveLength(1000);
+    const t0 = performance.now();
+    await waitFor(() => performance.now() - t0 >= 2000, "2 s into the drain", 5000, 50);
+    const at2 = slow.bytes().up;
+    const sent = await api(shaped, "POST", "/v1/channels/alarm.fire/messages", JSON.stringify({ type: "alarm", payload: { zone: 3 } }));
+    const published = performance.now();
+    const alarm = await waitFor(async () => (await pulled(hub, "alarm.fire"))[0], "the alarm at the hub", 10_000, 20);
+    const latency = performance.now() - published;
+    expect(alarm.id).toBe(sent.id);
+    // 150 ms each way, a batch ahead of it of at most half a second at the cap, and the polling.
+    expect(latency).toBeLessThan(1500);
+    const before = (await pulled(hub, "t.engine")).length;
+    expect(before).toBeLessThan(2000); // FIFO would have made it wait for all 4,000
+    await waitFor(() => performance.now() - t0 >= 12_000, "12 s into the drain", 15_000, 50);
+    const rate = ((slow.bytes().up - at2) * 1000) / (performance.now() - t0 - 2000);
+    expect(rate).toBeGreaterThan(CAP * 0.9);
+    expect(rate).toBeLessThan(CAP * 1.1);
+    const st = await link(shaped);
+    expect(st.max_bytes_per_s).toBe(CAP);
+    expect(st.lanes.map((l: any) => l.priority)).toEqual([0, 4]);
+    expect(st.lanes[0].sent_frames).toBe(1);
+    const seqs = (await pulled(hub, "t.engine")).map((m) => m.payload.seq);
+    expect(seqs.length).toBeGreaterThan(before);
+    expect(seqs).toEqual(seqs.map((_, i) => i));
+  }, 40_000);
+
+  test("batches go compressed with zstd to a hub that agrees, at least 3x smaller, and plain from a device that offers none", async () => {
+    for (const a of [squeezed, plain]) expect((await api(a, "POST", "/v1/channels/t.json/messages", ndjson(0, 1000), "application/x-ndjson")).results).toHaveLength(1000);
+    await waitFor(async () => (await api(hub, "GET", "/v1/channels")).channels.find((c: any) => c.channel === "t.json")?.messages === 2000, "2,000 readings at the hub", 20_000, 50);
+    const z = await link(squeezed);
+    expect(z.compression).toBe("zstd");
+    expect(z.wire_bytes.sent_wire * 3).toBeLessThan(z.wire_bytes.sent_raw);
+    // What crossed the path, TLS included, is what the status says went out (plus handshake and heartbeats).
+    expect(counted.bytes().up).toBeLessThan(z.wire_bytes.sent_wire + 20_000);
+    expect(await peer(hub, "squeezed")).toMatchObject({ compression: "zstd", wire_bytes: { received_raw: z.wire_bytes.sent_raw, received_wire: z.wire_bytes.sent_wire } });
+    const p = await link(plain);
+    expect(p.compression).toBeNull();
+    expect(p.wire_bytes.sent_wire).toBe(p.wire_bytes.sent_raw);
+    expect((await peer(hub, "plain")).compression).toBeNull();
+    const metrics = await fetch("http://k/metrics", { unix: squeezed.socket } as RequestInit).then((r) => r.text());
+    expect(metrics).toMatch(/keyop_federation_batch_bytes\{[^}]*direction="sent"[^}]*stage="wire"[^}]*\} \d+/);
+  }, 30_000);
+});
