@@ -15,6 +15,7 @@ export type ErrorCode =
   | "invalid_argument"
   | "too_large"
   | "disk_full"
+  | "buffer_full"
   | "io_error"
   | "log_unavailable"
   | "locked"
@@ -93,6 +94,16 @@ export class TooLargeError extends KeyopError {
 export class DiskFullError extends KeyopError {
   constructor(message: string, cause?: unknown) {
     super("disk_full", message, { cause });
+  }
+}
+
+/**
+ * The channel's buffer is full and its policy is `reject`: nothing was
+ * stored; the publisher keeps its data and tries again once links drain.
+ */
+export class BufferFullError extends KeyopError {
+  constructor(message: string) {
+    super("buffer_full", message);
   }
 }
 

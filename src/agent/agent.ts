@@ -65,6 +65,7 @@ export class Agent {
       },
       subscribers: config.subscribers,
       maxMessageBytes: config.api.maxMessageBytes,
+      channels: config.channels,
       logger,
     });
     let agent: Agent | undefined;

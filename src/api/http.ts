@@ -21,6 +21,7 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   not_found: 404,
   method_not_allowed: 405,
   disk_full: 507,
+  buffer_full: 507,
   log_unavailable: 503,
   unavailable: 503,
   closed: 503,

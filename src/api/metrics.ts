@@ -14,6 +14,9 @@ const COUNTERS: [keyof ChannelStats, string, string][] = [
   ["redelivered", "keyop_messages_redelivered_total", "Messages delivered again after an earlier delivery was not acknowledged."],
   ["deadLettered", "keyop_messages_dead_lettered_total", "Messages moved to the dead-letter channel after failing every retry."],
   ["failed", "keyop_handler_failures_total", "Handler calls that failed (each retry counts)."],
+  ["expired", "keyop_messages_expired_total", "Messages that had expired when a subscriber or link came to them (once per subscriber), since start."],
+  ["rejected", "keyop_messages_rejected_total", "Publishes refused because the channel was full (full_policy reject), since start."],
+  ["superseded", "keyop_messages_superseded_total", "Messages a link passed over for a newer one of the channel (full_policy latest), since start."],
 ];
 
 const DISK: [string, string, (c: ChannelStats) => number][] = [

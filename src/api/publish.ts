@@ -9,7 +9,7 @@ import { BadRequestError, KeyopError } from "../errors.ts";
 import type { BatchEntry, Messenger, PublishResult } from "../messenger/messenger.ts";
 import { json, mediaType, readBody } from "./http.ts";
 
-const FIELDS = new Set(["type", "payload", "correlation_id", "service_name"]);
+const FIELDS = new Set(["type", "payload", "correlation_id", "service_name", "ttl_ms"]);
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 const msgpack = new Packr({ useRecords: false, mapsAsObjects: true });
 
@@ -29,9 +29,9 @@ const MSGPACK_TYPES = new Set(["application/msgpack", "application/x-msgpack", "
 function entryOf(channel: string, o: unknown, where: string): BatchEntry {
   if (o === null || typeof o !== "object" || Array.isArray(o)) throw new BadRequestError(`${where}: a message must be a JSON object with "type" and "payload"`);
   const m = o as Record<string, unknown>;
-  for (const k of Object.keys(m)) if (!FIELDS.has(k)) throw new BadRequestError(`${where}: unknown field "${k}" (expected type, payload, correlation_id, service_name)`);
+  for (const k of Object.keys(m)) if (!FIELDS.has(k)) throw new BadRequestError(`${where}: unknown field "${k}" (expected type, payload, correlation_id, service_name, ttl_ms)`);
   if (typeof m.type !== "string" || m.type.length === 0) throw new BadRequestError(`${where}: "type" is required and must be a non-empty string`);
-  const opts: { correlationId?: string; serviceName?: string } = {};
+  const opts: { correlationId?: string; serviceName?: string; ttlMs?: number } = {};
   if (m.correlation_id !== undefined) {
     if (typeof m.correlation_id !== "string") throw new BadRequestError(`${where}: "correlation_id" must be a string`);
     opts.correlationId = m.correlation_id;
@@ -39,6 +39,10 @@ function entryOf(channel: string, o: unknown, where: string): BatchEntry {
   if (m.service_name !== undefined) {
     if (typeof m.service_name !== "string") throw new BadRequestError(`${where}: "service_name" must be a string`);
     opts.serviceName = m.service_name;
+  }
+  if (m.ttl_ms !== undefined) {
+    if (typeof m.ttl_ms !== "number" || !Number.isSafeInteger(m.ttl_ms) || m.ttl_ms <= 0) throw new BadRequestError(`${where}: "ttl_ms" must be a positive integer (milliseconds)`);
+    opts.ttlMs = m.ttl_ms;
   }
   return { channel, type: m.type, payload: m.payload === undefined ? null : m.payload, opts };
 }

@@ -4,19 +4,22 @@
  */
 import { LocalClient } from "../client/local-client.ts";
 import { parseArgs, UsageError } from "./args.ts";
+import { parseDuration } from "../config/units.ts";
 
 /** Usage text of `keyop pub`. */
-export const PUB_USAGE = `usage: keyop pub CHANNEL [JSON|-] [--type T] [--correlation-id ID] [--service NAME] [--socket PATH]
+export const PUB_USAGE = `usage: keyop pub CHANNEL [JSON|-] [--type T] [--correlation-id ID] [--service NAME] [--ttl DURATION] [--socket PATH]
 
 Publishes the JSON payload (null when omitted) and prints the receipt
 {"id","channel","seq","ts"} once the agent has stored it durably. With "-",
-every line of stdin is one JSON payload. --type defaults to "json".`;
+every line of stdin is one JSON payload. --type defaults to "json".
+--ttl (e.g. 30s, 5m, 2h): after it the message is neither delivered nor
+forwarded.`;
 
 const BATCH = 500;
 
 /** Publishes; resolves with the exit code. */
 export async function cmdPub(argv: string[]): Promise<number> {
-  const p = parseArgs(argv, { type: "string", "correlation-id": "string", service: "string", socket: "string" }, 2);
+  const p = parseArgs(argv, { type: "string", "correlation-id": "string", service: "string", ttl: "string", socket: "string" }, 2);
   if (p.help) {
     console.log(PUB_USAGE);
     return 0;
@@ -28,6 +31,7 @@ export async function cmdPub(argv: string[]): Promise<number> {
   const opts = {
     ...(p.flags["correlation-id"] ? { correlationId: p.flags["correlation-id"] as string } : {}),
     ...(p.flags.service ? { serviceName: p.flags.service as string } : {}),
+    ...(p.flags.ttl !== undefined ? { ttlMs: ttlOf(p.flags.ttl as string) } : {}),
   };
   if (data !== "-") {
     const payload = data === undefined ? null : parseJson(data, "payload");
@@ -61,6 +65,12 @@ export async function cmdPub(argv: string[]): Promise<number> {
   if (rest.trim() !== "") batch.push(parseJson(rest, `stdin line ${lineNo + 1}`));
   await flush();
   return 0;
+}
+
+function ttlOf(v: string): number {
+  const ms = parseDuration(v);
+  if (ms === null || ms < 1) throw new UsageError(`--ttl ${JSON.stringify(v)} is not a duration such as 30s, 5m or 2h`);
+  return Math.round(ms);
 }
 
 function parseJson(s: string, what: string): unknown {

@@ -50,6 +50,8 @@ export interface OutgoingMessage {
   payload: unknown;
   correlationId?: string;
   serviceName?: string;
+  /** Time to live, ms: after it the message is neither delivered nor forwarded. */
+  ttlMs?: number;
 }
 
 /** Options of a stream subscription. */
@@ -104,6 +106,7 @@ const wireOut = (m: OutgoingMessage) => {
   const o: Record<string, unknown> = { type: m.type, payload: m.payload ?? null };
   if (m.correlationId !== undefined) o.correlation_id = m.correlationId;
   if (m.serviceName !== undefined) o.service_name = m.serviceName;
+  if (m.ttlMs !== undefined) o.ttl_ms = m.ttlMs;
   return o;
 };
 
@@ -147,7 +150,7 @@ export class LocalClient {
   }
 
   /** Publishes one message; resolves after the agent's durable write. */
-  publish(channel: string, type: string, payload: unknown, opts: { correlationId?: string; serviceName?: string } = {}): Promise<PublishReceipt> {
+  publish(channel: string, type: string, payload: unknown, opts: { correlationId?: string; serviceName?: string; ttlMs?: number } = {}): Promise<PublishReceipt> {
     return this.request("POST", `/v1/channels/${seg(channel)}/messages`, JSON.stringify(wireOut({ type, payload, ...opts })));
   }
 

@@ -149,6 +149,16 @@ export class Reader {
     return out;
   }
 
+  pattern(v: unknown, path: string): string | undefined {
+    if (v === undefined || v === null) return undefined;
+    try {
+      assertPattern(v);
+      return v;
+    } catch (err) {
+      return this.fail(path, err instanceof KeyopError ? err.message : String(err));
+    }
+  }
+
   list(v: unknown, path: string): unknown[] {
     if (v === undefined || v === null) return [];
     if (!Array.isArray(v)) return this.fail(path, "must be a list") ?? [];

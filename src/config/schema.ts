@@ -10,6 +10,7 @@ import type { SyncMode } from "../store/channel-log.ts";
 import { type JetStreamConfig, readJetStream } from "./jetstream.ts";
 import { Reader } from "./reader.ts";
 import type { PriorityRule } from "../federation/priority.ts";
+import type { ChannelPolicy } from "../messenger/channel-policy.ts";
 
 /** A peer a hub accepts, with what it may publish into and receive from the hub. */
 export interface PeerConfig {
@@ -70,6 +71,8 @@ export interface AgentConfig {
   log: { level: LogLevel; format: LogFormat };
   /** The MQTT listener (off unless the section is present). */
   mqtt: MqttConfig | undefined;
+  /** Per channel pattern: default TTL, bound on bytes, full policy (the first entry that matches applies). */
+  channels: ChannelPolicy[];
 }
 
 /** MQTT listener settings (docs/mqtt.md). */
@@ -126,7 +129,7 @@ export interface ConfigOverrides {
 /** The lowest bandwidth cap accepted: below it one heartbeat period would not carry a small batch. */
 const MIN_BYTES_PER_S = 256;
 
-const TOP = ["name", "storage", "subscribers", "api", "tls", "hub", "links", "federation", "dedup", "audit", "log", "mqtt"] as const;
+const TOP = ["name", "storage", "subscribers", "api", "tls", "hub", "links", "federation", "dedup", "audit", "log", "mqtt", "channels"] as const;
 
 /**
  * Validates a parsed YAML document (or `undefined` for "no config") and
@@ -255,7 +258,25 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     },
     log: { level, format: r.oneOf(log.format, "log.format", ["json", "text"] as const) ?? "json" },
     mqtt: undefined,
+    channels: [],
   };
+  r.list(top.channels, "channels").forEach((c, i) => {
+    const path = `channels[${i}]`;
+    const o = r.obj(c, path, ["pattern", "ttl", "max_bytes", "full_policy"]);
+    if (!o) {
+      r.fail(path, "must be a mapping");
+      return;
+    }
+    const pattern = r.required(o.pattern, `${path}.pattern`, r.pattern);
+    const policy: ChannelPolicy = {
+      pattern: pattern ?? "",
+      ttlMs: r.duration(o.ttl, `${path}.ttl`),
+      maxBytes: r.size(o.max_bytes, `${path}.max_bytes`, 4096),
+      fullPolicy: r.oneOf(o.full_policy, `${path}.full_policy`, ["reject", "drop_oldest", "latest"] as const),
+    };
+    if (policy.fullPolicy === "reject" && policy.maxBytes === undefined) r.fail(`${path}.max_bytes`, "is required with full_policy reject");
+    if (pattern) cfg.channels.push(policy);
+  });
   const mqttRaw = r.obj(top.mqtt, "mqtt", [
     "listen",
     "socket",

@@ -40,6 +40,8 @@ export interface EnvelopeView {
   publisherEnd: number;
   /** The QoS it was published with over MQTT (-1: none given). */
   qos: number;
+  /** When it expires, epoch ms (0: never). */
+  expires: number;
 }
 
 /** Deepest nesting accepted inside a payload (arrays and maps). */
@@ -63,6 +65,8 @@ const QOS = 7;
 const META = ["expires", "content_type", "reply_to", "correlation_data", "headers", "utf8", "retain"].map((k) => new TextEncoder().encode(k));
 /** What `key()` returns for one of META. */
 const META_KEY = -2;
+/** What `key()` returns for `expires`, the one META key the scan reads (readers skip what expired). */
+const EXPIRES_KEY = -3;
 
 class Scanner {
   pos = 0;
@@ -123,7 +127,8 @@ class Scanner {
     this.pos += n;
     const k = this.find(KEYS, start, n);
     if (k >= 0) return k;
-    return this.find(META, start, n) >= 0 ? META_KEY : -1;
+    const m = this.find(META, start, n);
+    return m === 0 ? EXPIRES_KEY : m > 0 ? META_KEY : -1;
   }
 
   private find(keys: Uint8Array[], start: number, n: number): number {
@@ -246,6 +251,7 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
     publisherStart: -1,
     publisherEnd: -1,
     qos: -1,
+    expires: 0,
   };
   let seen = 0;
   for (let i = 0; i < n; i++) {
@@ -290,6 +296,11 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
       v.payloadStart = s.pos;
       s.skip(1);
       v.payloadEnd = s.pos;
+    } else if (key === EXPIRES_KEY) {
+      v.hasMeta = true;
+      const at = s.pos;
+      s.skip(1);
+      v.expires = timeValue(body, at);
     } else {
       if (key === META_KEY) v.hasMeta = true;
       s.skip(1);
@@ -298,6 +309,27 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
   if (s.pos !== body.length) throw new InvalidArgumentError("envelope has trailing bytes");
   if (v.idStart < 0 || v.channelStart < 0 || v.routeStart < 0) throw new InvalidArgumentError("envelope lacks id, channel or route");
   return v;
+}
+
+/** A positive integer (or float) time at `at`, as msgpack libraries write one; 0 for anything else. */
+function timeValue(b: Uint8Array, at: number): number {
+  const t = b[at]!;
+  const dv = new DataView(b.buffer, b.byteOffset + at + 1);
+  let v = 0;
+  if (t <= 0x7f) v = t;
+  else if (t === 0xcc) v = dv.getUint8(0);
+  else if (t === 0xcd) v = dv.getUint16(0);
+  else if (t === 0xce) v = dv.getUint32(0);
+  else if (t === 0xcf || t === 0xd3) v = dv.getUint32(0) * 0x1_0000_0000 + dv.getUint32(4);
+  else if (t === 0xcb) v = dv.getFloat64(0);
+  else if (t === 0xca) v = dv.getFloat32(0);
+  else if (t === 0xd2) v = dv.getInt32(0);
+  return Number.isFinite(v) && v > 0 ? v : 0;
+}
+
+/** Whether the envelope has expired at `now` (epoch ms). */
+export function isExpired(v: EnvelopeView, now: number): boolean {
+  return v.expires > 0 && v.expires <= now;
 }
 
 const utf8 = new TextDecoder();

@@ -113,6 +113,9 @@ export class Forwarder implements Sender {
   loopSkipped = 0;
   private readonly lanes: LaneScheduler;
   private readonly laneOf: (channel: string) => number;
+  private readonly latest: (channel: string) => boolean;
+  /** Records passed over because a newer one of a `latest` channel went instead. */
+  superseded = 0;
 
   constructor(opts: ForwarderOptions) {
     this.opts = opts;
@@ -129,10 +132,28 @@ export class Forwarder implements Sender {
     this.laneOf = opts.laneOf ?? (() => DEFAULT_PRIORITY);
     const maxBytes = cappedBatchBytes(opts.maxBatchBytes, cap) - 1024;
     // A window per pattern: a lane's reader never waits for room that another lane's backlog holds.
+    const latest = (channel: string) => opts.messenger.channelPolicy(channel).fullPolicy === "latest";
+    this.latest = latest;
     this.readers = this.subs.map((sub) => {
       sub.touch(); // the peer is here: its cursors are not stale
+      if (!opts.volatile) this.skipToNewest(sub, latest);
       return new CursorReader(sub, { form: STORED, window: new Window(opts.window), unit: "run", maxRecords: 10_000, maxBytes });
     });
+  }
+
+  /**
+   * A `latest` channel's backlog for this peer is its newest message only:
+   * the cursor moves to just before it, and what it passes over is counted.
+   */
+  private skipToNewest(sub: DurableSubscriber, latest: (channel: string) => boolean): void {
+    for (const [channel, cursor] of sub.positions()) {
+      if (!latest(channel)) continue;
+      const next = this.opts.messenger.channelLog(channel)?.nextSeq ?? 0;
+      if (next - cursor <= 1) continue;
+      sub.ack(channel, next - 2);
+      this.superseded += next - 1 - cursor;
+      this.opts.messenger.noteSuperseded(channel, next - 1 - cursor);
+    }
   }
 
   /** Runs until `stop()` or the session closes. */
@@ -151,7 +172,13 @@ export class Forwarder implements Sender {
         this.loopSkipped += looped.length;
         // One batch is one channel: the peer's rules are checked once, not per record.
         const allowed = this.opts.allow?.(d.channel) ?? true;
-        const toSend = !allowed ? [] : looped.length === 0 ? d.records : d.records.filter((r) => !routeIncludes(r.body, r.view, peerBytes));
+        let toSend = !allowed ? [] : looped.length === 0 ? d.records : d.records.filter((r) => !routeIncludes(r.body, r.view, peerBytes));
+        if (toSend.length > 1 && this.latest(d.channel)) {
+          // Backlogged on a last-value channel: only the newest goes.
+          this.superseded += toSend.length - 1;
+          this.opts.messenger.noteSuperseded(d.channel, toSend.length - 1);
+          toSend = toSend.slice(-1);
+        }
         if (toSend.length === 0) {
           // Nothing the peer may or should get: done at once (the cursor still waits for any
           // earlier batch of the channel that is unacknowledged).

@@ -45,13 +45,15 @@ export interface ReceiverStats {
   loops: number;
   duplicates: number;
   violations: number;
+  /** Records that had expired on the way (not stored, still acknowledged). */
+  expired: number;
 }
 
 /** Handles the BATCH frames of one session, strictly in arrival order. */
 export class Receiver {
   private readonly opts: ReceiverOptions;
   private chain: Promise<void> = Promise.resolve();
-  readonly stats: ReceiverStats = { stored: 0, loops: 0, duplicates: 0, violations: 0 };
+  readonly stats: ReceiverStats = { stored: 0, loops: 0, duplicates: 0, violations: 0, expired: 0 };
 
   constructor(opts: ReceiverOptions) {
     this.opts = opts;
@@ -171,6 +173,10 @@ export class Receiver {
       if (routeIncludes(body, msg, selfBytes)) {
         this.stats.loops++;
         audit?.record("loop_dropped", { peer, channel: batch.channel, id, route: routeNames(body, msg) });
+        continue;
+      }
+      if (msg.expires > 0 && msg.expires <= Date.now()) {
+        this.stats.expired++;
         continue;
       }
       if (dedup.has(id) || this.pending.has(id) || keepIds.has(id)) {

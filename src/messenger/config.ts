@@ -3,10 +3,11 @@
  * defaults of docs/config.md filled in one place.
  */
 import { hostname } from "node:os";
-import { assertName } from "../envelope/names.ts";
+import { assertName, assertPattern } from "../envelope/names.ts";
 import { InvalidArgumentError } from "../errors.ts";
 import { silentLogger, type Logger } from "../observability/logger.ts";
 import type { SyncMode } from "../store/channel-log.ts";
+import type { ChannelPolicy } from "./channel-policy.ts";
 
 /** What `Messenger.open` takes; only `storage.dataDir` is required. */
 export interface MessengerConfig {
@@ -30,6 +31,8 @@ export interface MessengerConfig {
   subscribers?: { maxRetries?: number; retryBackoffBaseMs?: number; retryBackoffMaxMs?: number };
   /** Largest encoded envelope accepted by publish. */
   maxMessageBytes?: number;
+  /** Per channel pattern: default TTL, bound on bytes and full policy (first match applies). */
+  channels?: ChannelPolicy[];
   logger?: Logger;
 }
 
@@ -49,6 +52,7 @@ export interface ResolvedConfig {
   retryBackoffBaseMs: number;
   retryBackoffMaxMs: number;
   maxMessageBytes: number;
+  channels: ChannelPolicy[];
   logger: Logger;
 }
 
@@ -89,6 +93,7 @@ export function resolveConfig(c: MessengerConfig): ResolvedConfig {
     retryBackoffBaseMs: c.subscribers?.retryBackoffBaseMs ?? DEFAULTS.retryBackoffBaseMs,
     retryBackoffMaxMs: c.subscribers?.retryBackoffMaxMs ?? DEFAULTS.retryBackoffMaxMs,
     maxMessageBytes: c.maxMessageBytes ?? DEFAULTS.maxMessageBytes,
+    channels: c.channels ?? [],
     logger: c.logger ?? silentLogger,
   };
   if (!["always", "interval", "none"].includes(r.sync)) throw new InvalidArgumentError(`storage.sync must be always, interval or none`);
@@ -103,5 +108,11 @@ export function resolveConfig(c: MessengerConfig): ResolvedConfig {
   for (const [k, v] of positive) if (!(Number.isFinite(v) && v > 0)) throw new InvalidArgumentError(`${k} must be a positive number`);
   if (!(r.segmentBytes >= 4096)) throw new InvalidArgumentError("storage.segmentBytes must be at least 4096");
   if (!(Number.isInteger(r.maxRetries) && r.maxRetries >= 1)) throw new InvalidArgumentError("subscribers.maxRetries must be an integer >= 1");
+  r.channels.forEach((p, i) => {
+    assertPattern(p.pattern);
+    if (p.ttlMs !== undefined && !(Number.isSafeInteger(p.ttlMs) && p.ttlMs > 0)) throw new InvalidArgumentError(`channels[${i}].ttlMs must be a positive integer`);
+    if (p.maxBytes !== undefined && !(Number.isSafeInteger(p.maxBytes) && p.maxBytes >= 4096)) throw new InvalidArgumentError(`channels[${i}].maxBytes must be an integer of at least 4096`);
+    if (p.fullPolicy !== undefined && !["reject", "drop_oldest", "latest"].includes(p.fullPolicy)) throw new InvalidArgumentError(`channels[${i}].fullPolicy must be reject, drop_oldest or latest`);
+  });
   return r;
 }

@@ -23,6 +23,8 @@ export interface DurableSubscriberHost {
   onMatchingChannel(pattern: string, fn: () => void): () => void;
   noteSent(channel: string, count: number, redelivered: number): void;
   noteAcked(channel: string, count: number): void;
+  /** Messages that had expired when this subscriber came to them, each counted once. */
+  noteExpired(channel: string, count: number): void;
 }
 
 /** Per-channel positions: the next seq to read on each channel. */
@@ -118,9 +120,13 @@ export class DurableSubscriber {
    */
   async fetchRaw(opts: FetchOptions): Promise<StoredEnvelope[]> {
     const out: StoredEnvelope[] = [];
+    const now = Date.now();
     await this.collect(opts, (body, seq, channel) => {
       // Nothing is decoded: decoding whole envelopes was most of a forwarder's CPU.
-      out.push({ seq, channel, view: scanEnvelope(body), body });
+      const view = scanEnvelope(body);
+      if (view.expires > 0 && view.expires <= now) return false;
+      out.push({ seq, channel, view, body });
+      return true;
     });
     return out;
   }
@@ -132,11 +138,24 @@ export class DurableSubscriber {
    */
   async fetch(opts: FetchOptions): Promise<Message[]> {
     const out: Message[] = [];
-    await this.collect(opts, (body, seq) => out.push(decodeEnvelope(body, seq)));
+    const now = Date.now();
+    await this.collect(opts, (body, seq) => {
+      const m = decodeEnvelope(body, seq);
+      if (m.expires !== undefined && m.expires <= now) return false;
+      out.push(m);
+      return true;
+    });
     return out;
   }
 
-  private async collect(opts: FetchOptions, push: (body: Uint8Array, seq: number, channel: string) => void): Promise<void> {
+  /**
+   * Reads records after the positions, handing each to `push`, which
+   * returns false for one that expired: it is counted once (the first time
+   * this subscriber passes it) and not delivered. Expired records right
+   * after the acked cursor, with nothing before them still out, are acked
+   * at once, so that they neither count as lag nor pin retention.
+   */
+  private async collect(opts: FetchOptions, push: (body: Uint8Array, seq: number, channel: string) => boolean): Promise<void> {
     const logs = this.host.matchingLogs(this.pattern);
     let count = 0;
     if (logs.length === 0 || opts.max <= 0) return;
@@ -150,15 +169,26 @@ export class DurableSubscriber {
       if (from >= log.nextSeq) continue;
       const recs = await log.read(from, opts.max - count, maxBytes - bytes);
       let redelivered = 0;
+      let expired = 0;
+      let sent = 0;
+      // The last of the expired records right after the cursor (from - 1: none), while `leading`.
+      let expiredPrefix = from - 1;
+      let leading = from === acked;
       const hw = this.highWater.get(log.name) ?? 0;
       for (const r of recs) {
         try {
-          push(r.body, r.seq, log.name);
+          if (!push(r.body, r.seq, log.name)) {
+            if (r.seq > hw) expired++;
+            if (leading && expiredPrefix === r.seq - 1) expiredPrefix = r.seq;
+            continue;
+          }
           count++;
+          sent++;
         } catch (err) {
           this.host.logger.error("record is not an envelope, skipped", { channel: log.name, seq: r.seq, error: String(err) });
           continue;
         }
+        leading = false;
         bytes += r.body.length;
         if (r.seq <= hw) redelivered++;
       }
@@ -166,7 +196,9 @@ export class DurableSubscriber {
         const last = recs[recs.length - 1]!.seq;
         opts.after?.set(log.name, last + 1);
         if (last > hw) this.highWater.set(log.name, last);
-        this.host.noteSent(log.name, recs.length, redelivered);
+        if (sent > 0) this.host.noteSent(log.name, sent, redelivered);
+        if (expired > 0) this.host.noteExpired(log.name, expired);
+        if (expiredPrefix >= from && from === acked) this.ack(log.name, expiredPrefix);
       }
     }
   }

@@ -8,9 +8,10 @@
 import { assertLabel, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
 import { buildEnvelope, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
-import { ClosedError, InvalidArgumentError, KeyopError, TooLargeError } from "../errors.ts";
+import { BufferFullError, ClosedError, InvalidArgumentError, KeyopError, TooLargeError } from "../errors.ts";
 import { Histogram, type LatencySummary } from "../observability/histogram.ts";
-import type { ChannelLog, LogHealth } from "../store/channel-log.ts";
+import type { ChannelLog, LogHealth, RetentionPolicy } from "../store/channel-log.ts";
+import { type AppliedPolicy, ChannelPolicies } from "./channel-policy.ts";
 import { CursorStore, cursorKey, type StartFrom } from "../store/cursor-store.ts";
 import { LogStore } from "../store/log-store.ts";
 import { join } from "node:path";
@@ -25,6 +26,8 @@ import type { CursorState } from "../store/cursor-store.ts";
 export interface PublishOptions {
   correlationId?: string;
   serviceName?: string;
+  /** Time to live (ms): after it the message is neither delivered nor forwarded. Default: the channel's `ttl`. */
+  ttlMs?: number;
   /** Protocol metadata stored with the message (MQTT 5 properties). */
   meta?: MessageMeta;
 }
@@ -53,6 +56,12 @@ export interface ChannelCounters {
   redelivered: number;
   failed: number;
   deadLettered: number;
+  /** Messages that expired before a subscriber or link got them, counted once per subscriber. */
+  expired: number;
+  /** Publishes refused because the channel was full (`buffer_full`). */
+  rejected: number;
+  /** Messages a link passed over because a newer one of the channel superseded them (`latest`). */
+  superseded: number;
 }
 
 /** A subscriber as `stats()` reports it. */
@@ -93,7 +102,7 @@ export interface MessengerStats {
 /** Decoder of a registered payload type: returns the typed value or throws. */
 export type PayloadDecoder<T = unknown> = (payload: unknown) => T;
 
-const zeroCounters = (): ChannelCounters => ({ published: 0, delivered: 0, acked: 0, redelivered: 0, failed: 0, deadLettered: 0 });
+const zeroCounters = (): ChannelCounters => ({ published: 0, delivered: 0, acked: 0, redelivered: 0, failed: 0, deadLettered: 0, expired: 0, rejected: 0, superseded: 0 });
 
 /** Durable local pub/sub. Create with `Messenger.open`. */
 export class Messenger {
@@ -118,11 +127,15 @@ export class Messenger {
   private readonly fsyncLatency: Histogram;
   private retentionTimer: ReturnType<typeof setInterval> | null = null;
   private state: "open" | "closing" | "closed" = "open";
+  private readonly policies: ChannelPolicies;
+  /** Channels whose log is being cut back to their bound now. */
+  private readonly trimming = new Set<string>();
   private closing: Promise<void> | null = null;
 
   private constructor(cfg: ResolvedConfig, store: LogStore, cursors: CursorStore, fsyncLatency: Histogram) {
     this.cfg = cfg;
     this.name = cfg.name;
+    this.policies = new ChannelPolicies(cfg.channels);
     this.store = store;
     this.cursorStore = cursors;
     this.fsyncLatency = fsyncLatency;
@@ -141,6 +154,7 @@ export class Messenger {
         if (ms !== undefined) this.handlerLatency.record(ms);
       },
       noteFailed: (channel) => this.countersOf(channel).failed++,
+      noteExpired: (channel) => this.countersOf(channel).expired++,
     };
     this.readerHost = this.readerHostFor(cursors);
     this.volatileHost = this.readerHostFor(CursorStore.memory(cfg.logger));
@@ -149,7 +163,7 @@ export class Messenger {
       for (const sub of this.subs.values()) if (this.matcher(sub.pattern)(log.name)) sub.attach(log);
       for (const w of [...this.channelWatchers]) if (this.matcher(w.pattern)(log.name)) w.fn();
     });
-    if (cfg.retention.maxAgeMs !== undefined || cfg.retention.maxBytes !== undefined) {
+    if (cfg.retention.maxAgeMs !== undefined || cfg.retention.maxBytes !== undefined || cfg.channels.some((c) => c.maxBytes !== undefined)) {
       this.retentionTimer = setInterval(
         () => void this.runRetention().catch((err) => cfg.logger.error("retention pass failed (tried again at the next check)", { error: String(err) })),
         cfg.retentionCheckMs,
@@ -177,6 +191,9 @@ export class Messenger {
       noteAcked: (channel, count) => {
         this.countersOf(channel).acked += count;
       },
+      noteExpired: (channel, count) => {
+        this.countersOf(channel).expired += count;
+      },
     };
   }
 
@@ -188,7 +205,9 @@ export class Messenger {
   static async open(config: MessengerConfig): Promise<Messenger> {
     const cfg = resolveConfig(config);
     const fsyncLatency = new Histogram();
+    const policies = new ChannelPolicies(cfg.channels);
     const store = await LogStore.open(cfg.dataDir, {
+      segmentBytesFor: policies.empty ? undefined : (channel) => policies.segmentBytes(channel, cfg.segmentBytes),
       segmentBytes: cfg.segmentBytes,
       sync: cfg.sync,
       syncIntervalMs: cfg.syncIntervalMs,
@@ -218,9 +237,11 @@ export class Messenger {
     const open = this.logFor(channel);
     // (An open channel's log is at hand: no extra turn through a resolved promise.)
     const log = open instanceof Promise ? await open : open;
+    if (!this.policies.empty) await this.roomFor(log, body.length);
     const seq = await log.append(body);
     this.publishLatency.record(performance.now() - t0);
     this.countersOf(channel).published++;
+    if (!this.policies.empty) this.trimIfOver(log);
     return { id, seq, channel, ts };
   }
 
@@ -232,7 +253,14 @@ export class Messenger {
     const encoded = entries.map((e) => this.encode(e.channel, e.type, e.payload, e.opts));
     const t0 = performance.now();
     const logs = await Promise.all(entries.map((e) => this.logFor(e.channel)));
+    if (!this.policies.empty) {
+      // A batch is stored whole or not at all: room for every entry of a channel is made, or refused, first.
+      const need = new Map<ChannelLog, number>();
+      for (let i = 0; i < encoded.length; i++) need.set(logs[i]!, (need.get(logs[i]!) ?? 0) + encoded[i]!.body.length);
+      for (const [log, bytes] of need) await this.roomFor(log, bytes);
+    }
     const seqs = await Promise.all(encoded.map((e, i) => logs[i]!.append(e.body)));
+    if (!this.policies.empty) for (const log of new Set(logs)) this.trimIfOver(log);
     const dt = performance.now() - t0;
     return encoded.map((e, i) => {
       this.publishLatency.record(dt);
@@ -253,13 +281,69 @@ export class Messenger {
       if (b.length > this.cfg.maxMessageBytes) throw new TooLargeError(`forwarded message of ${b.length} bytes exceeds the limit of ${this.cfg.maxMessageBytes}`);
     }
     const log = await this.logFor(channel);
+    if (!this.policies.empty)
+      await this.roomFor(
+        log,
+        bodies.reduce((n, b) => n + b.length, 0),
+      );
     const seqs = await log.appendMany(bodies);
     this.countersOf(channel).published += bodies.length;
+    if (!this.policies.empty) this.trimIfOver(log);
     return seqs;
+  }
+
+  /** The `channels` entry that applies to `channel` (TTL, bound, full policy). */
+  channelPolicy(channel: string): AppliedPolicy {
+    return this.policies.of(channel);
+  }
+
+  /** Counts messages of `channel` that a link passed over for a newer one (`latest`). */
+  noteSuperseded(channel: string, count: number): void {
+    this.countersOf(channel).superseded += count;
+  }
+
+  /**
+   * Makes room for `bytes` more in a `reject` channel: lets go of segments
+   * every subscriber and link has acknowledged, and refuses the publish
+   * (`BufferFullError`) when that is not enough. Other channels: nothing.
+   */
+  private async roomFor(log: ChannelLog, bytes: number): Promise<void> {
+    const p = this.policies.of(log.name);
+    if (p.maxBytes === undefined || p.fullPolicy !== "reject" || log.bytes + bytes <= p.maxBytes) return;
+    await this.retain(log, { maxBytes: Math.max(0, p.maxBytes - bytes), pinnedSeq: this.pinnedSeq(log), keepPinned: true });
+    if (log.bytes + bytes > p.maxBytes) {
+      this.countersOf(log.name).rejected++;
+      throw new BufferFullError(`channel ${log.name} is full: ${log.bytes} of its ${p.maxBytes} bytes are not yet acknowledged by every subscriber and link (policy reject)`);
+    }
+  }
+
+  /** A channel over its bound (drop_oldest, latest) is cut back in the background, one pass at a time. */
+  private trimIfOver(log: ChannelLog): void {
+    const p = this.policies.of(log.name);
+    if (p.maxBytes === undefined || p.fullPolicy === "reject" || log.bytes <= p.maxBytes || this.trimming.has(log.name)) return;
+    this.trimming.add(log.name);
+    void this.retain(log, { maxBytes: p.maxBytes, pinnedSeq: this.pinnedSeq(log) })
+      .catch((err) => this.cfg.logger.error("could not cut a channel back to its bound (tried again at its next publish)", { channel: log.name, error: String(err) }))
+      .finally(() => this.trimming.delete(log.name));
+  }
+
+  /** Lowest seq any durable subscriber (a link's included) of `log` still needs. */
+  private pinnedSeq(log: ChannelLog): number {
+    let pinned = Infinity;
+    for (const s of this.cursorStore.list()) {
+      if (!this.matcher(s.pattern)(log.name)) continue;
+      pinned = Math.min(pinned, s.cursors[log.name] ?? log.firstSeq);
+    }
+    return pinned;
   }
 
   private encode(channel: string, type: string, payload: unknown, opts?: PublishOptions): BuiltEnvelope {
     if (this.state !== "open") throw new ClosedError();
+    const ttl = opts?.ttlMs ?? (this.policies.empty ? undefined : this.policies.of(channel).ttlMs);
+    if (ttl !== undefined && opts?.meta?.expires === undefined) {
+      if (!(Number.isSafeInteger(ttl) && ttl > 0)) throw new InvalidArgumentError("ttl must be a positive integer of milliseconds");
+      opts = { ...opts, meta: { ...opts?.meta, expires: Date.now() + ttl } };
+    }
     return buildEnvelope(this.name, labelledMessage(channel, type, payload, opts, this.cfg.serviceName), this.cfg.maxMessageBytes);
   }
 
@@ -460,29 +544,31 @@ export class Messenger {
 
   /** Runs a retention pass over every channel now (the timer also does). */
   async runRetention(): Promise<void> {
-    const { maxAgeMs, maxBytes } = this.cfg.retention;
-    if (maxAgeMs === undefined && maxBytes === undefined) return;
+    const { maxAgeMs, maxBytes: storeMax } = this.cfg.retention;
     for (const log of this.store.all()) {
-      let pinnedSeq = Infinity;
-      for (const s of this.cursorStore.list()) {
-        if (!this.matcher(s.pattern)(log.name)) continue;
-        pinnedSeq = Math.min(pinnedSeq, s.cursors[log.name] ?? log.firstSeq);
-      }
-      const r = await log.applyRetention({ maxAgeMs, maxBytes, pinnedSeq });
-      if (r.removedSegments > 0) {
-        const behind = this.cursorStore.list().filter((s) => (s.cursors[log.name] ?? Infinity) < r.firstSeq);
-        const fields = {
-          channel: log.name,
-          segments: r.removedSegments,
-          records: r.removedRecords,
-          bytes: r.removedBytes,
-          first_seq: r.firstSeq,
-          subscribers_behind: behind.map((s) => s.name),
-        };
-        if (behind.length > 0) this.cfg.logger.warn("retention removed messages not yet read", fields);
-        else this.cfg.logger.info("retention removed segments", fields);
-      }
+      const p = this.policies.of(log.name);
+      // A channel's own bound replaces the store's; a reject channel keeps what is not acknowledged.
+      const maxBytes = p.maxBytes ?? storeMax;
+      if (maxAgeMs === undefined && maxBytes === undefined) continue;
+      await this.retain(log, { maxAgeMs, maxBytes, pinnedSeq: this.pinnedSeq(log), keepPinned: p.maxBytes !== undefined && p.fullPolicy === "reject" });
     }
+  }
+
+  /** One retention pass over `log`, logged. */
+  private async retain(log: ChannelLog, policy: RetentionPolicy): Promise<void> {
+    const r = await log.applyRetention(policy);
+    if (r.removedSegments === 0) return;
+    const behind = this.cursorStore.list().filter((s) => (s.cursors[log.name] ?? Infinity) < r.firstSeq);
+    const fields = {
+      channel: log.name,
+      segments: r.removedSegments,
+      records: r.removedRecords,
+      bytes: r.removedBytes,
+      first_seq: r.firstSeq,
+      subscribers_behind: behind.map((s) => s.name),
+    };
+    if (behind.length > 0) this.cfg.logger.warn("retention removed messages not yet read", fields);
+    else this.cfg.logger.info("retention removed segments", fields);
   }
 
   /** Per-channel and total figures, subscriber lag, latency percentiles. */

@@ -39,6 +39,8 @@ export interface SubscriptionHost {
   deadLetter(msg: Message, error: unknown, attempts: number): Promise<void>;
   /** Metrics: a handler call succeeded after `latencyMs` from publish. */
   noteDelivered(channel: string, latencyMs: number | undefined, redelivery: boolean): void;
+  /** A message expired before the handler got it. */
+  noteExpired(channel: string): void;
   noteFailed(channel: string): void;
 }
 
@@ -152,6 +154,10 @@ export class Subscription {
     } catch (err) {
       // CRC-valid but not an envelope: written by something else. Never hand it to the handler.
       this.host.logger.error("record is not an envelope, skipped", { channel: log.name, seq, error: String(err) });
+      return true;
+    }
+    if (msg.expires !== undefined && msg.expires <= Date.now()) {
+      this.host.noteExpired(log.name);
       return true;
     }
     let attempts = 0;

@@ -639,7 +639,7 @@ export class MqttSession implements SharedMember {
         // Not stored: the client may send it again under the same id.
         if (a.qos === 2 && a.id !== undefined) this.qos2.delete(a.id);
         if (this.version === 5 && a.qos > 0) {
-          this.send({ cmd: a.qos === 1 ? "puback" : "pubrec", messageId: a.id, reasonCode: code === "disk_full" ? 0x97 : 0x80 } as Packet);
+          this.send({ cmd: a.qos === 1 ? "puback" : "pubrec", messageId: a.id, reasonCode: code === "disk_full" || code === "buffer_full" ? 0x97 : 0x80 } as Packet);
           continue;
         }
         return this.fail(`publish failed: ${String(a.error)}`);

@@ -57,10 +57,12 @@ export interface ChannelLogOptions {
 export interface RetentionPolicy {
   /** Sealed segments whose last write is older than this may go (ms). */
   maxAgeMs?: number | undefined;
-  /** Above this many bytes the oldest sealed segments go, cursors or not. */
+  /** Above this many bytes the oldest sealed segments go, cursors or not (unless `keepPinned`). */
   maxBytes?: number | undefined;
   /** Lowest seq a cursor still needs (age-based removal keeps it). */
   pinnedSeq: number;
+  /** Size-based removal keeps what a cursor still needs too (a channel that refuses publishes when full). */
+  keepPinned?: boolean;
 }
 
 /** How a channel's log stands with its disk, for /v1/status and /metrics. */
@@ -835,7 +837,7 @@ export class ChannelLog {
     const now = Date.now();
     while (this.segments.length > 1) {
       const seg = this.segments[0]!;
-      const overBytes = policy.maxBytes !== undefined && total > policy.maxBytes;
+      const overBytes = policy.maxBytes !== undefined && total > policy.maxBytes && (!policy.keepPinned || seg.lastSeq < policy.pinnedSeq);
       const tooOld = policy.maxAgeMs !== undefined && now - seg.lastWriteMs > policy.maxAgeMs && seg.lastSeq < policy.pinnedSeq;
       if (!overBytes && !tooOld) break;
       this.segments.shift();

@@ -12,6 +12,12 @@ import { ioErrorFrom } from "../errors.ts";
 import { ChannelLog, type ChannelLogOptions } from "./channel-log.ts";
 import { lockDataDir, type DirLock } from "./lock.ts";
 
+/** How the store opens its logs. */
+export interface LogStoreOptions extends ChannelLogOptions {
+  /** Segment size of one channel, when not `segmentBytes` (a channel with a bound on its bytes). */
+  segmentBytesFor?: (channel: string) => number;
+}
+
 /** Called once for every channel created after open. */
 export type ChannelCreatedListener = (log: ChannelLog) => void;
 
@@ -19,13 +25,13 @@ export type ChannelCreatedListener = (log: ChannelLog) => void;
 export class LogStore {
   readonly dataDir: string;
   readonly channelsDir: string;
-  private readonly opts: ChannelLogOptions;
+  private readonly opts: LogStoreOptions;
   private readonly logs = new Map<string, ChannelLog>();
   private readonly creating = new Map<string, Promise<ChannelLog>>();
   private readonly createdListeners = new Set<ChannelCreatedListener>();
   private readonly lock: DirLock;
 
-  private constructor(dataDir: string, opts: ChannelLogOptions, lock: DirLock) {
+  private constructor(dataDir: string, opts: LogStoreOptions, lock: DirLock) {
     this.dataDir = dataDir;
     this.channelsDir = join(dataDir, "channels");
     this.opts = opts;
@@ -33,7 +39,7 @@ export class LogStore {
   }
 
   /** Locks `dataDir` (throws `LockedError` if taken) and opens every channel. */
-  static async open(dataDir: string, opts: ChannelLogOptions): Promise<LogStore> {
+  static async open(dataDir: string, opts: LogStoreOptions): Promise<LogStore> {
     await mkdir(join(dataDir, "channels"), { recursive: true });
     const lock = lockDataDir(dataDir);
     const store = new LogStore(dataDir, opts, lock);
@@ -44,13 +50,18 @@ export class LogStore {
           opts.logger.warn("ignoring directory that is not a channel", { dir: join(store.channelsDir, name), reason: problem });
           continue;
         }
-        store.logs.set(name, await ChannelLog.open(name, join(store.channelsDir, name), opts));
+        store.logs.set(name, await ChannelLog.open(name, join(store.channelsDir, name), store.optsFor(name)));
       }
     } catch (err) {
       await store.close();
       throw err;
     }
     return store;
+  }
+
+  private optsFor(channel: string): ChannelLogOptions {
+    const seg = this.opts.segmentBytesFor?.(channel);
+    return seg === undefined || seg === this.opts.segmentBytes ? this.opts : { ...this.opts, segmentBytes: seg };
   }
 
   /** The log of `channel` if it exists. */
@@ -65,7 +76,7 @@ export class LogStore {
     assertChannel(channel);
     let p = this.creating.get(channel);
     if (!p) {
-      p = ChannelLog.open(channel, join(this.channelsDir, channel), this.opts, { create: true }).then(
+      p = ChannelLog.open(channel, join(this.channelsDir, channel), this.optsFor(channel), { create: true }).then(
         (created) => {
           this.logs.set(channel, created);
           this.creating.delete(channel);

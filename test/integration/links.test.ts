@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { freePort, tmpDir, waitFor } from "../helpers.ts";
-import { fleet, runAgent, type AgentProc } from "./agent-process.ts";
+import { cli, fleet, runAgent, type AgentProc } from "./agent-process.ts";
 import { FaultProxy } from "./fault-proxy.ts";
 
 const api = (a: AgentProc, method: string, path: string, body?: string, type = "application/json") =>
@@ -31,13 +31,13 @@ const link = async (a: AgentProc) => (await api(a, "GET", "/v1/status")).links[0
 const peer = async (hub: AgentProc, name: string) => (await api(hub, "GET", "/v1/status")).links.find((l: any) => l.peer === name);
 
 let dir: string;
-let hub: AgentProc, shaped: AgentProc, squeezed: AgentProc, plain: AgentProc;
-let slow: FaultProxy, counted: FaultProxy;
+let hub: AgentProc, shaped: AgentProc, squeezed: AgentProc, plain: AgentProc, board: AgentProc;
+let slow: FaultProxy, counted: FaultProxy, down: FaultProxy;
 const CAP = 24 * 1024;
 
 beforeAll(async () => {
   dir = tmpDir();
-  const tls = await fleet(dir, ["hub", "shaped", "squeezed", "plain"]);
+  const tls = await fleet(dir, ["hub", "shaped", "squeezed", "plain", "board"]);
   const port = freePort();
   const fed = "federation:\n  heartbeat_ms: 1s\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 1s\n";
   const cfg = (n: string, body: string) => {
@@ -45,7 +45,7 @@ beforeAll(async () => {
     writeFileSync(f, `${tls(n)}storage:\n  sync: none\n${body}`);
     return f;
   };
-  const peers = ["shaped", "squeezed", "plain"].map((n) => `    - name: ${n}\n      publish: ["t.>", "alarm.>"]\n      subscribe: []\n`).join("");
+  const peers = ["shaped", "squeezed", "plain", "board"].map((n) => `    - name: ${n}\n      publish: ["t.>", "alarm.>", "state.>", "buf.>", "drop.>", "ttl.>"]\n      subscribe: []\n`).join("");
   hub = await runAgent(join(dir, "hub"), ["--config", cfg("hub", `${fed}hub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers}`)]);
   // A cellular-like path: 32 KiB/s and 150 ms each way; the link's cap sits below it.
   slow = new FaultProxy(port);
@@ -59,14 +59,24 @@ beforeAll(async () => {
   ]);
   squeezed = await runAgent(join(dir, "squeezed"), ["--config", cfg("squeezed", `${fed}${linkTo(counted.port, `["t.>"]`)}`)]);
   plain = await runAgent(join(dir, "plain"), ["--config", cfg("plain", `${fed}  compression: none\n${linkTo(port, `["t.>"]`)}`)]);
+  // A board whose path goes dead after its first session (the link's cursors are made then).
+  down = new FaultProxy(port);
+  const channels = [
+    `  - {pattern: "state.>", full_policy: latest}`,
+    `  - {pattern: "buf.>", max_bytes: 32KiB, full_policy: reject}`,
+    `  - {pattern: "drop.>", max_bytes: 32KiB, full_policy: drop_oldest}`,
+    `  - {pattern: "ttl.>", ttl: 1s}`,
+  ].join("\n");
+  board = await runAgent(join(dir, "board"), ["--config", cfg("board", `${fed}channels:\n${channels}\n${linkTo(down.port, `["state.>", "buf.>", "drop.>", "ttl.>"]`)}`)]);
   // Open on the devices' side too: a link's cursors are made when its session opens there.
-  for (const a of [shaped, squeezed, plain]) await waitFor(async () => (await link(a))?.state === "open", "link open", 20_000);
+  for (const a of [shaped, squeezed, plain, board]) await waitFor(async () => (await link(a))?.state === "open", "link open", 20_000);
 }, 60_000);
 
 afterAll(async () => {
   slow?.stop();
   counted?.stop();
-  for (const a of [shaped, squeezed, plain, hub]) {
+  down?.stop();
+  for (const a of [shaped, squeezed, plain, board, hub]) {
     a?.child.proc.kill("SIGTERM");
     await a?.child.proc.exited;
   }
@@ -117,4 +127,56 @@ describe("links on slow paths", () => {
     const metrics = await fetch("http://k/metrics", { unix: squeezed.socket } as RequestInit).then((r) => r.text());
     expect(metrics).toMatch(/keyop_federation_batch_bytes\{[^}]*direction="sent"[^}]*stage="wire"[^}]*\} \d+/);
   }, 30_000);
+
+  test("offline board: expired messages are not forwarded, a latest channel sends its newest only, reject refuses with 507 and takes again once drained, drop_oldest keeps the newest", async () => {
+    down.blackholed = true;
+    await waitFor(async () => (await link(board)).state !== "open", "the board's link down (heartbeats)", 15_000, 100);
+    const post = (channel: string, body: unknown) =>
+      fetch(`http://k/v1/channels/${channel}/messages`, { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json" }, unix: board.socket } as RequestInit);
+    for (let i = 0; i < 5; i++) expect((await post("ttl.x", { type: "n", payload: i })).status).toBe(201);
+    const keep = (await (await post("ttl.x", { type: "n", payload: "keep", ttl_ms: 600_000 })).json()) as any;
+    expect((await post("ttl.x", { type: "n", payload: 1, ttl_ms: 0 })).status).toBe(400);
+    const viaCli = await cli(["pub", "ttl.y", '{"a":1}', "--ttl", "300ms", "--socket", board.socket]);
+    expect(viaCli.code).toBe(0);
+    for (let i = 1; i <= 50; i++) expect((await post("state.dev", { type: "state", payload: { i } })).status).toBe(201);
+    let stored = 0;
+    let refusal: Response | undefined;
+    for (let i = 0; i < 100 && !refusal; i++) {
+      const r = await post("buf.x", { type: "n", payload: { i, pad: "x".repeat(1000) } });
+      if (r.status === 201) stored++;
+      else refusal = r;
+    }
+    expect(refusal?.status).toBe(507);
+    expect(((await refusal!.json()) as any).error.code).toBe("buffer_full");
+    for (let i = 0; i < 100; i++) expect((await post("drop.x", { type: "n", payload: { i, pad: "x".repeat(1000) } })).status).toBe(201);
+    const published = Date.now();
+    await waitFor(() => Date.now() - published > 1200, "the ttl of 1 s passed", 3000, 20);
+    down.heal();
+    await waitFor(async () => (await link(board))?.state === "open", "the board's link up", 20_000);
+    const count = async (c: string) => (await api(hub, "GET", "/v1/channels")).channels.find((x: any) => x.channel === c)?.messages ?? 0;
+    await waitFor(async () => (await count("buf.x")) === stored && (await count("state.dev")) === 1 && (await count("ttl.x")) === 1, "the board's backlog at the hub", 20_000, 50);
+    expect((await pulled(hub, "ttl.x")).map((m) => m.id)).toEqual([keep.id]);
+    expect(await count("ttl.y")).toBe(0);
+    expect((await pulled(hub, "state.dev")).map((m) => m.payload)).toEqual([{ i: 50 }]);
+    const dropped = await waitFor(
+      async () => {
+        const got = await pulled(hub, "drop.x");
+        return got.at(-1)?.payload.i === 99 ? got : undefined;
+      },
+      "the newest of drop.x at the hub",
+      10_000,
+      50,
+    );
+    expect(dropped!.length).toBeLessThan(40);
+    const ch = (await api(board, "GET", "/v1/channels")).channels;
+    const of = (c: string) => ch.find((x: any) => x.channel === c);
+    expect(of("ttl.x").expired).toBeGreaterThanOrEqual(5);
+    expect(of("ttl.y").expired).toBe(1);
+    expect(of("state.dev").superseded).toBe(49);
+    expect(of("buf.x").rejected).toBe(1);
+    // Drained: the reject channel lets go of what the hub acknowledged and takes publishes again.
+    await waitFor(async () => (await post("buf.x", { type: "n", payload: { i: "again" } })).status === 201, "buf.x takes again", 10_000, 100);
+    const metrics = await fetch("http://k/metrics", { unix: board.socket } as RequestInit).then((r) => r.text());
+    expect(metrics).toContain('keyop_messages_superseded_total{channel="state.dev"} 49');
+  }, 60_000);
 });
