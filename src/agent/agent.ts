@@ -104,6 +104,7 @@ export class Agent {
         limits: { maxMessageBytes: config.api.maxMessageBytes, maxBatchBytes: batchLimit(config.api.maxMessageBytes) },
         logger,
         status: () => agent!.statusFields(),
+        beforeReport: async () => agent?.federation?.sampleHealth(),
         gauges: () => ({
           keyop_uptime_seconds: { help: "Seconds since the agent started.", value: (Date.now() - (agent?.startedAt ?? Date.now())) / 1000 },
           ...(agent?.federation ? federationGauges(agent.federation.links(), agent.federation.auditHealth()) : {}),

@@ -19,7 +19,9 @@ export function linkJson(l: LinkInfo): Record<string, unknown> {
     rtt_ms: l.rttMs,
     unacked_batches: l.unackedBatches,
     stored: l.stored,
-    backlog: l.backlog,
+    backlog: l.backlog.map((b) => ({ channel: b.channel, messages: b.messages, bytes: b.bytes, oldest_age_ms: b.oldestAgeMs ?? null })),
+    lane_backlog: l.laneBacklog.map((x) => ({ priority: x.priority, messages: x.messages, oldest_age_ms: x.oldestAgeMs })),
+    stalls: l.stalls,
     last_error: l.lastError,
     compression: l.compression,
     max_bytes_per_s: l.maxBytesPerS,
@@ -37,6 +39,8 @@ export function federationGauges(links: LinkInfo[], audit: { failedWrites: numbe
   const backlogBytes: GaugeSample[] = [];
   const wire: GaugeSample[] = [];
   const laneBytes: GaugeSample[] = [];
+  const oldest: GaugeSample[] = [];
+  const stalls: GaugeSample[] = [];
   for (const l of links) {
     const labels = { kind: l.kind, target: l.target };
     up.push({ help: "1 when the link or peer session is open.", value: l.state === "open" ? 1 : 0, labels });
@@ -55,6 +59,15 @@ export function federationGauges(links: LinkInfo[], audit: { failedWrites: numbe
       wire.push({ help, value: l.wire.receivedRaw, labels: { ...labels, peer, direction: "received", stage: "raw" } });
       wire.push({ help, value: l.wire.receivedWire, labels: { ...labels, peer, direction: "received", stage: "wire" } });
     }
+    stalls.push({ help: "Sessions the stall watchdog ended since start (nothing acknowledged although the link looked alive).", value: l.stalls, labels });
+    for (const x of l.laneBacklog) {
+      if (x.oldestAgeMs === null) continue;
+      oldest.push({
+        help: "Age of the oldest message the peer has not acknowledged, per priority lane, seconds.",
+        value: x.oldestAgeMs / 1000,
+        labels: { ...labels, peer: l.peer ?? "", priority: String(x.priority) },
+      });
+    }
     for (const x of l.lanes) {
       laneBytes.push({ help: "Wire bytes of data sent in each priority lane of the open session.", value: x.sentBytes, labels: { ...labels, peer: l.peer ?? "", priority: String(x.priority) } });
     }
@@ -67,6 +80,8 @@ export function federationGauges(links: LinkInfo[], audit: { failedWrites: numbe
     keyop_federation_backlog_bytes: backlogBytes,
     keyop_federation_batch_bytes: wire,
     keyop_federation_lane_sent_bytes: laneBytes,
+    keyop_federation_oldest_unacked_seconds: oldest,
+    keyop_link_stalls: stalls,
     ...(audit
       ? {
           keyop_audit_write_failures: [{ help: "Audit trail appends that failed since start (each retried, lines kept).", value: audit.failedWrites }],

@@ -32,6 +32,8 @@ export interface ApiServerOptions {
   status: () => Record<string, unknown>;
   /** Gauges the agent adds to /metrics. */
   gauges?: () => ExtraGauges;
+  /** Awaited before /v1/status and /metrics are rendered (figures that take a read to know). */
+  beforeReport?: () => Promise<void>;
 }
 
 /** A running API server. */
@@ -125,9 +127,17 @@ export class ApiServer {
     const p = seg.join("/");
     if (p === "healthz") return only(method, "GET") ?? new Response("ok\n", { headers: { "content-type": "text/plain" } });
     if (p === "metrics") {
-      return only(method, "GET") ?? new Response(renderMetrics(m, this.gauges()), { headers: { "content-type": "text/plain; version=0.0.4" } });
+      const refused = only(method, "GET");
+      if (refused) return refused;
+      await this.report();
+      return new Response(renderMetrics(m, this.gauges()), { headers: { "content-type": "text/plain; version=0.0.4" } });
     }
-    if (p === "v1/status") return only(method, "GET") ?? json(200, this.status());
+    if (p === "v1/status") {
+      const refused = only(method, "GET");
+      if (refused) return refused;
+      await this.report();
+      return json(200, this.status());
+    }
     if (p === "v1/channels") return only(method, "GET") ?? json(200, this.channels());
     if (seg[0] !== "v1" || seg[1] !== "channels" || seg.length < 4) return errorBody(404, "not_found", `no route for ${url.pathname}`);
     const target = seg[2]!;
@@ -201,6 +211,11 @@ export class ApiServer {
         subscribers: c.subscribers.map((s) => ({ name: s.name, pattern: s.pattern, cursor: s.cursor, lag: s.lag, skipped: s.skipped, active: s.active })),
       })),
     };
+  }
+
+  /** Samples what the agent reads before a report; a failure only leaves those figures as they were. */
+  private async report(): Promise<void> {
+    await this.opts.beforeReport?.().catch((err) => this.opts.logger.warn("could not sample figures for a report", { error: String(err) }));
   }
 
   private status(): Record<string, unknown> {

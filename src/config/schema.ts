@@ -65,6 +65,8 @@ export interface AgentConfig {
     /** Federation cursors of a peer not connected for this long are removed (ms). */
     peerExpiryMs: number;
     compression: CompressionSetting;
+    /** Heartbeat periods without an acknowledgement, batches in flight, before a session counts as stalled (0: never). */
+    stallHeartbeats: number;
   };
   dedup: { capacity: number };
   audit: { path: string | undefined; maxFileBytes: number; maxFiles: number };
@@ -208,7 +210,9 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
   });
   if ((hubRaw || links.length > 0) && !tlsRaw) r.fail("tls", "is required for federation (hub or links)");
 
-  const fed = r.obj(top.federation, "federation", ["reconnect_base_ms", "reconnect_max_ms", "reconnect_jitter", "heartbeat_ms", "max_batch_bytes", "window", "peer_expiry", "compression"]) ?? {};
+  const fed =
+    r.obj(top.federation, "federation", ["reconnect_base_ms", "reconnect_max_ms", "reconnect_jitter", "heartbeat_ms", "max_batch_bytes", "window", "peer_expiry", "compression", "stall_heartbeats"]) ??
+    {};
   const dedup = r.obj(top.dedup, "dedup", ["capacity"]) ?? {};
   const audit = r.obj(top.audit, "audit", ["path", "max_file_bytes", "max_files"]) ?? {};
   const log = r.obj(top.log, "log", ["level", "format"]) ?? {};
@@ -249,6 +253,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       window: r.int(fed.window, "federation.window", 1, 1024) ?? 8,
       peerExpiryMs: r.duration(fed.peer_expiry, "federation.peer_expiry", 60_000) ?? 7 * 86_400_000,
       compression: r.oneOf(fed.compression, "federation.compression", ["auto", "zstd", "deflate", "none"] as const) ?? "auto",
+      stallHeartbeats: r.int(fed.stall_heartbeats, "federation.stall_heartbeats", 0, 1000) ?? 3,
     },
     dedup: { capacity: r.int(dedup.capacity, "dedup.capacity", 0, 100_000_000) ?? 100_000 },
     audit: {

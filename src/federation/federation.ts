@@ -24,7 +24,8 @@ import { type HubStore, messengerSink, type RecordSink } from "./sink.ts";
 import { type PeerSession, sessionHandler, type SessionEvents } from "./session.ts";
 import { splitHostPort } from "./redial.ts";
 import { codecsFor } from "./compression.ts";
-import { compilePriorities } from "./priority.ts";
+import { compilePriorities, DEFAULT_PRIORITY } from "./priority.ts";
+import { OldestTimes, withAges } from "./health.ts";
 
 /** The parts of the agent's configuration federation runs on. */
 export type FederationConfig = Pick<AgentConfig, "hub" | "links" | "federation" | "dedup" | "audit">;
@@ -62,6 +63,10 @@ export class Federation implements LinkDialer {
   private readonly hubSink: RecordSink;
   private readonly hubStore: HubStore | undefined;
   private readonly tier: HubTier | undefined;
+  /** Publish times of the oldest unacknowledged message of each backlog (sampled by `sampleHealth`). */
+  private readonly oldest = new OldestTimes();
+  /** Sessions the stall watchdog ended, per hub peer. */
+  private readonly peerStalls = new Map<string, number>();
 
   /** `tier`: a hub tier's engine (JetStream) instead of the log, for what peers send and receive. */
   constructor(messenger: Messenger, cfg: FederationConfig, material: TlsMaterial, logger: Logger, tier?: HubTier) {
@@ -145,7 +150,7 @@ export class Federation implements LinkDialer {
     start: "latest" | "earliest",
     allow?: Matcher,
     cursors: "durable" | "volatile" = "durable",
-    shape: { laneOf?: (channel: string) => number; maxBytesPerS?: number | undefined } = {},
+    shape: { laneOf?: (channel: string) => number; maxBytesPerS?: number | undefined; onStall?: () => void } = {},
   ): Sender | undefined {
     const volatile = cursors === "volatile";
     if (patterns.length === 0) return undefined;
@@ -171,7 +176,12 @@ export class Federation implements LinkDialer {
         window: this.cfg.federation.window,
         maxBatchBytes: this.cfg.federation.maxBatchBytes,
         logger: this.logger,
+        stallMs: this.cfg.federation.stallHeartbeats * (s.welcome?.heartbeatMs ?? this.cfg.federation.heartbeatMs),
         ...shape,
+        onStall: () => {
+          shape.onStall?.();
+          this.audit?.record("link_stalled", { peer: s.peer.name });
+        },
       });
     void f.run().catch((err) => {
       this.logger.error("forwarder stopped with an error", { peer: s.peer.name, error: String(err) });
@@ -220,7 +230,7 @@ export class Federation implements LinkDialer {
         const allowDown = peer.subscribe;
         // An ephemeral peer gets live messages only: cursors in memory, gone with the session.
         // A link's cursor, made at its first session, starts where the link asked.
-        const shape = { laneOf: peer.laneOf, maxBytesPerS: peer.cfg.maxBytesPerS };
+        const shape = { laneOf: peer.laneOf, maxBytesPerS: peer.cfg.maxBytesPerS, onStall: () => this.peerStalls.set(s.peer.name, (this.peerStalls.get(s.peer.name) ?? 0) + 1) };
         parts.forwarder =
           s.hello!.mode === "ephemeral"
             ? this.forwarder(s, s.hello!.subscribe, "latest", allowDown, "volatile", shape)
@@ -238,7 +248,11 @@ export class Federation implements LinkDialer {
       onOpen: (s) => {
         this.parts.set(s, {
           receiver: new Receiver({ sink: this.localSink, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit }),
-          forwarder: this.forwarder(s, link.publish, link.start, undefined, "durable", { laneOf: compilePriorities(link.publishLanes), maxBytesPerS: link.maxBytesPerS }),
+          forwarder: this.forwarder(s, link.publish, link.start, undefined, "durable", {
+            laneOf: compilePriorities(link.publishLanes),
+            maxBytesPerS: link.maxBytesPerS,
+            onStall: () => runner.stalls++,
+          }),
         });
         runner.opened(s);
         this.audit?.record("peer_connected", { peer: s.peer.name, hub: runner.address });
@@ -290,6 +304,7 @@ export class Federation implements LinkDialer {
 
   /** Links and connected hub peers. */
   links(): LinkInfo[] {
+    const now = Date.now();
     const out: LinkInfo[] = this.runners.map((l) => {
       const st = l.info();
       const parts = l.currentSession ? this.parts.get(l.currentSession) : undefined;
@@ -300,6 +315,8 @@ export class Federation implements LinkDialer {
       }
       // From the durable cursors, so a link that is down still shows what waits for it.
       if (l.lastPeer) st.backlog = this.backlogOf(l.lastPeer, l.config.publish);
+      const aged = withAges(st.backlog, this.oldest, compilePriorities(l.config.publishLanes), now);
+      st.laneBacklog = aged.lanes;
       return st;
     });
     for (const [s, p] of this.parts) {
@@ -314,7 +331,11 @@ export class Federation implements LinkDialer {
         rttMs: s.rttMs ?? null,
         unackedBatches: p.forwarder?.unacked ?? 0,
         stored: p.receiver.stats.stored,
-        backlog: p.forwarder?.backlog() ?? [],
+        ...(() => {
+          const aged = withAges(p.forwarder?.backlog() ?? [], this.oldest, this.peers.get(s.peer.name)?.laneOf ?? (() => DEFAULT_PRIORITY), now);
+          return { backlog: aged.backlog, laneBacklog: aged.lanes };
+        })(),
+        stalls: this.peerStalls.get(s.peer.name) ?? 0,
         lastError: null,
         compression: s.codec ?? null,
         wire: { ...s.wire },
@@ -323,6 +344,16 @@ export class Federation implements LinkDialer {
       });
     }
     return out;
+  }
+
+  /**
+   * Reads the publish time of the oldest unacknowledged message of every
+   * backlog that is new since the last call: status and metrics call it
+   * before they report ages.
+   */
+  async sampleHealth(): Promise<void> {
+    const all = this.links().flatMap((l) => l.backlog);
+    await this.oldest.sample(this.messenger, all);
   }
 
   /** The audit trail's write health, when there is one. */

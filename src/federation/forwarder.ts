@@ -41,6 +41,14 @@ export interface ForwarderOptions {
   laneOf?: (channel: string) => number;
   /** Cap on the wire bytes of data sent per second; none when absent. */
   maxBytesPerS?: number | undefined;
+  /**
+   * The stall watchdog: with batches in flight and neither an ACK nor a
+   * drain of the connection for this long, the session is closed (code
+   * `stalled`) so the link reconnects. 0 or absent: off.
+   */
+  stallMs?: number;
+  /** Called when the watchdog ends the session. */
+  onStall?: () => void;
 }
 
 /**
@@ -60,7 +68,8 @@ export function backlogOf(messenger: Messenger, subs: DurableSubscriber[], allow
     for (const [channel, cursor] of sub.positions()) {
       const log = messenger.channelLog(channel);
       if (!log || (allow && !allow(channel))) continue;
-      const acc = out.get(channel) ?? { channel, messages: 0, bytes: 0 };
+      const acc = out.get(channel) ?? { channel, from: cursor, messages: 0, bytes: 0 };
+      acc.from = Math.min(acc.from, cursor);
       acc.messages += Math.max(0, log.nextSeq - cursor);
       acc.bytes += log.bytesFrom(cursor);
       out.set(channel, acc);
@@ -116,6 +125,10 @@ export class Forwarder implements Sender {
   private readonly latest: (channel: string) => boolean;
   /** Records passed over because a newer one of a `latest` channel went instead. */
   superseded = 0;
+  /** When an ACK (or a drain of the connection) last showed that data moves. */
+  private lastProgress = 0;
+  private drainsSeen = 0;
+  private stallTimer: ReturnType<typeof setTimeout> | null = null;
 
   constructor(opts: ForwarderOptions) {
     this.opts = opts;
@@ -186,7 +199,9 @@ export class Forwarder implements Sender {
           continue;
         }
         const batch = this.nextBatch++;
+        if (this.inflight.size === 0) this.lastProgress = performance.now();
         this.inflight.set(batch, { reader, delivery: d });
+        if (this.stallTimer === null && this.opts.stallMs) this.armStall(this.opts.stallMs);
         // While the window has room the ACK may come a little later, with others in one write.
         const delayAck = reader.inflight < this.opts.window;
         const frame = batchFrame({ batch, channel: d.channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body), delayAck });
@@ -210,8 +225,37 @@ export class Forwarder implements Sender {
       return;
     }
     this.inflight.delete(ack.batch);
+    this.lastProgress = performance.now();
     f.reader.ack(f.delivery);
   }
+
+  /**
+   * One timer while batches are in flight, armed for when the link would
+   * count as stalled; ACKs only note the time, so the timer costs nothing
+   * per message.
+   */
+  private armStall(ms: number): void {
+    this.stallTimer = setTimeout(this.checkStall, ms);
+    this.stallTimer.unref?.();
+  }
+
+  private readonly checkStall = (): void => {
+    this.stallTimer = null;
+    const { session, stallMs } = this.opts;
+    if (this.stopped || session.state !== "open" || this.inflight.size === 0 || !stallMs) return;
+    const now = performance.now();
+    // Bytes taken by a connection that had been full: a slow path, not a stalled one.
+    const drains = session.drains ?? 0;
+    if (drains !== this.drainsSeen) {
+      this.drainsSeen = drains;
+      this.lastProgress = now;
+    }
+    const idle = now - this.lastProgress;
+    if (idle < stallMs) return this.armStall(stallMs - idle);
+    this.opts.logger.warn("link stalled: nothing acknowledged although the session is open; reconnecting", { peer: session.peer.name, in_flight: this.inflight.size, ms: Math.round(idle) });
+    this.opts.onStall?.();
+    session.close("stalled", `no acknowledgement for ${Math.round(idle)} ms with ${this.inflight.size} batches in flight`);
+  };
 
   /** Per channel: messages and bytes stored here that the peer has not acknowledged yet. */
   backlog(): ChannelBacklog[] {
@@ -226,6 +270,8 @@ export class Forwarder implements Sender {
   /** Stops sending; unacknowledged batches are sent again by the next session. */
   stop(): void {
     this.stopped = true;
+    if (this.stallTimer) clearTimeout(this.stallTimer);
+    this.stallTimer = null;
     this.lanes.stop();
     for (const r of this.readers) r.stop();
     if (this.opts.volatile) for (const sub of this.subs) this.opts.messenger.dropVolatileSubscriber(sub);

@@ -22,6 +22,8 @@ export class LinkRunner {
   private readonly link: LinkConfig;
   /** Name (CN) of the hub at the last session: whose cursors hold this link's backlog. */
   lastPeer: string | null = null;
+  /** Sessions the stall watchdog ended. */
+  stalls = 0;
   private session: PeerSession | null = null;
   private state: LinkInfo["state"] = "connecting";
   private lastError: string | null = null;
@@ -108,6 +110,8 @@ export class LinkRunner {
       wire: s && this.state === "open" ? { ...s.wire } : null,
       lanes: [],
       maxBytesPerS: this.link.maxBytesPerS ?? null,
+      laneBacklog: [],
+      stalls: this.stalls,
     };
   }
 

@@ -3,6 +3,7 @@
  * who the peer is, whether it is open, frames out with backpressure, and a
  * way to end it with a reason. A `PeerSession` is one; tests use a fake.
  */
+import type { LaneBacklog } from "./health.ts";
 import type { LaneStats } from "./lanes.ts";
 
 export interface Link {
@@ -12,6 +13,8 @@ export interface Link {
   send(frame: Uint8Array): boolean;
   /** The bytes to send for a data frame (compressed when the session agreed on a codec). */
   pack(frame: Uint8Array): Uint8Array;
+  /** Times the connection had been full and took bytes again (the stall watchdog's sign of a slow path). */
+  readonly drains?: number;
   /** Resolves when the transport has room again. */
   writable(): Promise<void>;
   /** Sends CLOSE with `code` and `reason` and ends the session. */
@@ -43,12 +46,20 @@ export interface LinkInfo {
   lanes: LaneStats[];
   /** Cap on data bytes per second towards the peer, if any. */
   maxBytesPerS: number | null;
+  /** What the peer has not acknowledged, per priority lane (from `backlog`). */
+  laneBacklog: LaneBacklog[];
+  /** Sessions the stall watchdog ended since start (acknowledgements stopped while the link looked alive). */
+  stalls: number;
 }
 
 /** What a peer has not acknowledged on one channel. */
 export interface ChannelBacklog {
   channel: string;
+  /** First seq not acknowledged (the lowest cursor over the patterns). */
+  from: number;
   messages: number;
   /** Record bytes (headers included) from the peer's cursor on; see ChannelLog#bytesFrom. */
   bytes: number;
+  /** Age of the oldest message not acknowledged, ms, when sampled (health.ts). */
+  oldestAgeMs?: number | null;
 }

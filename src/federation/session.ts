@@ -162,8 +162,12 @@ export class PeerSession {
     return this.out.writable();
   }
 
+  /** Times the transport had been full and took bytes again. */
+  drains = 0;
+
   /** The transport has room again: write what is queued. */
   drained(): void {
+    this.drains++;
     this.out.drained();
   }
 

@@ -267,7 +267,7 @@ export class StreamForwarder implements Sender {
     return this.readings.flatMap((r) => {
       let unacked = 0;
       for (const f of this.inflight.values()) if (f.reading === r) unacked += f.records;
-      return r.plan.patterns.map((p) => ({ channel: p, messages: r.pending + unacked, bytes: 0 }));
+      return r.plan.patterns.map((p) => ({ channel: p, from: 0, messages: r.pending + unacked, bytes: 0 }));
     });
   }
 

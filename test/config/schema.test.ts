@@ -66,6 +66,7 @@ describe("config", () => {
       window: 8,
       peerExpiryMs: 7 * 86_400_000,
       compression: "auto",
+      stallHeartbeats: 3,
     });
     expect(c.dedup.capacity).toBe(100_000);
     expect(c.log).toEqual({ level: "info", format: "json" });

@@ -230,11 +230,19 @@ describe("federation between keyop run processes", () => {
       ids.push(...r.results.map((x) => x.id));
     }
     // While the hub is down, the link's status says what waits for it.
-    const waiting = (await api(devA, "GET", "/v1/status")).links[0].backlog;
+    const before = Date.now();
+    const link = (await api(devA, "GET", "/v1/status")).links[0];
+    const waiting = link.backlog;
     // Nothing of the channel is acknowledged, so the backlog's bytes are the whole log's.
     const stored = (await api(devA, "GET", "/v1/channels")).channels.find((c: any) => c.channel === "t.offline");
     expect(stored.bytes).toBeGreaterThan(10_000 * 50);
-    expect(waiting).toContainEqual({ channel: "t.offline", messages: 10_000, bytes: stored.bytes });
+    const entry = waiting.find((b: any) => b.channel === "t.offline");
+    expect(entry).toMatchObject({ messages: 10_000, bytes: stored.bytes });
+    // The age of the oldest message waiting: the first of the batch, published before `before`.
+    const firstTs = (await api(devA, "GET", "/v1/channels/t.offline/messages?subscriber=age&from=earliest&max=1")).messages[0].ts;
+    expect(entry.oldest_age_ms).toBeGreaterThanOrEqual(before - firstTs);
+    expect(entry.oldest_age_ms).toBeLessThan(Date.now() - firstTs + 1);
+    expect(link.lane_backlog).toContainEqual({ priority: 4, messages: 10_000, oldest_age_ms: expect.any(Number) });
     hub = await runAgent(join(dir, "hub"), ["--config", join(dir, "hub.yaml")]);
     const got = await collect(devB, "t.offline", "o", 10_000, 60_000);
     expect(got.length).toBe(10_000);

@@ -10,6 +10,11 @@ import { join } from "node:path";
 import { freePort, tmpDir, waitFor } from "../helpers.ts";
 import { cli, fleet, runAgent, type AgentProc } from "./agent-process.ts";
 import { FaultProxy } from "./fault-proxy.ts";
+import { PROTOCOL_VERSION } from "../../src/federation/frame.ts";
+import { type PeerSession, sessionHandler } from "../../src/federation/session.ts";
+import { silentLogger } from "../../src/observability/logger.ts";
+import { MtlsServer } from "../../src/pki/mtls.ts";
+import { loadTlsMaterial } from "../../src/pki/tls.ts";
 
 const api = (a: AgentProc, method: string, path: string, body?: string, type = "application/json") =>
   fetch(`http://k${path}`, { method, body, headers: { "content-type": type }, unix: a.socket } as RequestInit).then((r) => r.json() as Promise<any>);
@@ -31,13 +36,16 @@ const link = async (a: AgentProc) => (await api(a, "GET", "/v1/status")).links[0
 const peer = async (hub: AgentProc, name: string) => (await api(hub, "GET", "/v1/status")).links.find((l: any) => l.peer === name);
 
 let dir: string;
-let hub: AgentProc, shaped: AgentProc, squeezed: AgentProc, plain: AgentProc, board: AgentProc;
+let hub: AgentProc, shaped: AgentProc, squeezed: AgentProc, plain: AgentProc, board: AgentProc, stuck: AgentProc;
 let slow: FaultProxy, counted: FaultProxy, down: FaultProxy;
+let frozen: MtlsServer<PeerSession>;
+let frozenBatches = 0;
+const frozenClosed: string[] = [];
 const CAP = 24 * 1024;
 
 beforeAll(async () => {
   dir = tmpDir();
-  const tls = await fleet(dir, ["hub", "shaped", "squeezed", "plain", "board"]);
+  const tls = await fleet(dir, ["hub", "shaped", "squeezed", "plain", "board", "stuck"]);
   const port = freePort();
   const fed = "federation:\n  heartbeat_ms: 1s\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 1s\n";
   const cfg = (n: string, body: string) => {
@@ -45,7 +53,9 @@ beforeAll(async () => {
     writeFileSync(f, `${tls(n)}storage:\n  sync: none\n${body}`);
     return f;
   };
-  const peers = ["shaped", "squeezed", "plain", "board"].map((n) => `    - name: ${n}\n      publish: ["t.>", "alarm.>", "state.>", "buf.>", "drop.>", "ttl.>"]\n      subscribe: []\n`).join("");
+  const peers = ["shaped", "squeezed", "plain", "board", "stuck"]
+    .map((n) => `    - name: ${n}\n      publish: ["t.>", "alarm.>", "state.>", "buf.>", "drop.>", "ttl.>"]\n      subscribe: []\n`)
+    .join("");
   hub = await runAgent(join(dir, "hub"), ["--config", cfg("hub", `${fed}hub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers}`)]);
   // A cellular-like path: 32 KiB/s and 150 ms each way; the link's cap sits below it.
   slow = new FaultProxy(port);
@@ -69,14 +79,31 @@ beforeAll(async () => {
   ].join("\n");
   board = await runAgent(join(dir, "board"), ["--config", cfg("board", `${fed}channels:\n${channels}\n${linkTo(down.port, `["state.>", "buf.>", "drop.>", "ttl.>"]`)}`)]);
   // Open on the devices' side too: a link's cursors are made when its session opens there.
-  for (const a of [shaped, squeezed, plain, board]) await waitFor(async () => (await link(a))?.state === "open", "link open", 20_000);
+  // A hub of the same identity whose storage hangs: it answers heartbeats and never acknowledges.
+  const pki = join(dir, "pki");
+  const material = await loadTlsMaterial({ cert: join(pki, "hub.crt"), key: join(pki, "hub.key"), ca: join(pki, "ca.crt") });
+  frozen = MtlsServer.listen<PeerSession>(
+    { hostname: "127.0.0.1", port: 0, material, logger: silentLogger },
+    sessionHandler(
+      { role: "hub", maxBody: 2 << 20, heartbeatMs: 1000, logger: silentLogger },
+      {
+        onHello: (_s, h) => ({ version: PROTOCOL_VERSION, name: "hub", publish: h.publish, subscribe: h.subscribe, heartbeatMs: h.heartbeatMs, maxBatchBytes: h.maxBatchBytes }),
+        onBatch: () => frozenBatches++,
+        onClose: (_s, reason) => frozenClosed.push(reason),
+      },
+    ),
+  );
+  // The first hub of its list is the frozen one; the next attempt takes the real one.
+  stuck = await runAgent(join(dir, "stuck"), ["--config", cfg("stuck", `${fed}links:\n  - hub: ["127.0.0.1:${frozen.port}", "127.0.0.1:${port}"]\n    publish: ["t.>"]\n    start: earliest\n`)]);
+  for (const a of [shaped, squeezed, plain, board, stuck]) await waitFor(async () => (await link(a))?.state === "open", "link open", 20_000);
 }, 60_000);
 
 afterAll(async () => {
   slow?.stop();
   counted?.stop();
   down?.stop();
-  for (const a of [shaped, squeezed, plain, board, hub]) {
+  frozen?.stop(true);
+  for (const a of [shaped, squeezed, plain, board, stuck, hub]) {
     a?.child.proc.kill("SIGTERM");
     await a?.child.proc.exited;
   }
@@ -178,5 +205,31 @@ describe("links on slow paths", () => {
     await waitFor(async () => (await post("buf.x", { type: "n", payload: { i: "again" } })).status === 201, "buf.x takes again", 10_000, 100);
     const metrics = await fetch("http://k/metrics", { unix: board.socket } as RequestInit).then((r) => r.text());
     expect(metrics).toContain('keyop_messages_superseded_total{channel="state.dev"} 49');
+  }, 60_000);
+
+  test("the stall watchdog ends a session whose hub answers heartbeats but acknowledges nothing; the link goes on to the next hub and drains", async () => {
+    expect((await link(stuck)).target).toBe(`127.0.0.1:${frozen.port}`);
+    const body = Array.from({ length: 200 }, (_, i) => JSON.stringify({ type: "n", payload: { i, pad: "x".repeat(1000) } })).join("\n");
+    expect((await api(stuck, "POST", "/v1/channels/t.stuck/messages", body, "application/x-ndjson")).results).toHaveLength(200);
+    const t0 = performance.now();
+    const st = await waitFor(
+      async () => {
+        const l = await link(stuck);
+        return l.stalls >= 1 ? l : undefined;
+      },
+      "the watchdog ended the session",
+      15_000,
+      100,
+    );
+    // Three heartbeats of 1 s without an acknowledgement; the session's own heartbeats never failed.
+    expect(performance.now() - t0).toBeGreaterThan(2500);
+    expect(frozenBatches).toBeGreaterThan(0);
+    expect(frozenClosed.some((r) => r.includes("peer closed: stalled"))).toBe(true);
+    expect(st.last_error === null || String(st.last_error).includes("stalled")).toBe(true);
+    const metrics = await fetch("http://k/metrics", { unix: stuck.socket } as RequestInit).then((r) => r.text());
+    expect(metrics).toMatch(/keyop_link_stalls\{kind="link",target="[^"]+"\} [1-9]/);
+    expect(metrics).toMatch(/keyop_federation_oldest_unacked_seconds\{[^}]*priority="4"[^}]*\} \d/);
+    await waitFor(async () => (await api(hub, "GET", "/v1/channels")).channels.find((c: any) => c.channel === "t.stuck")?.messages === 200, "the backlog at the hub", 30_000, 100);
+    expect((await link(stuck)).backlog.find((b: any) => b.channel === "t.stuck")).toMatchObject({ messages: 0, oldest_age_ms: null });
   }, 60_000);
 });
