@@ -7,11 +7,11 @@
 export type Proc = ReturnType<typeof Bun.spawn>;
 
 /** Polls `cond` every 20 ms until true; throws after `ms`. */
-export async function until(what: string, cond: () => Promise<boolean>, ms = 60_000): Promise<void> {
+export async function until(what: string, cond: () => Promise<boolean>, ms = 60_000, everyMs = 20): Promise<void> {
   const deadline = Date.now() + ms;
   while (!(await cond())) {
     if (Date.now() > deadline) throw new Error(`timed out: ${what}`);
-    await Bun.sleep(20);
+    await Bun.sleep(everyMs);
   }
 }
 

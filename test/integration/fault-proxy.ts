@@ -115,6 +115,8 @@ export class FaultProxy {
   chunkBytes = 0;
   /** When above 0, each direction of each connection carries at most this many bytes per second. */
   rateBytesPerS = 0;
+  /** While true the link is down: new connections are closed at once (as a refused dial). */
+  refusing = false;
   cuts = 0;
   /** Bytes forwarded towards the target (up) and back (down), over connections that ended too. */
   private endedUp = 0;
@@ -127,6 +129,10 @@ export class FaultProxy {
       port: 0,
       socket: {
         open(client) {
+          if (self.refusing) {
+            client.end();
+            return;
+          }
           const pair: Pair = { client, up: new Pipe(self), down: new Pipe(self) };
           pair.down.to = client;
           client.data = { pair };
@@ -158,13 +164,13 @@ export class FaultProxy {
           }).catch(() => client.end());
         },
         data(client, d) {
-          client.data.pair?.up.push(d);
+          client.data?.pair?.up.push(d);
         },
         drain(client) {
-          client.data.pair?.down.pump();
+          client.data?.pair?.down.pump();
         },
         close(client) {
-          const p = client.data.pair;
+          const p = client.data?.pair;
           if (!p) return;
           if (!self.blackholed) p.upstream?.end();
           self.drop(p);
