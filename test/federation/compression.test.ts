@@ -6,7 +6,9 @@ import { describe, expect, test } from "bun:test";
 import { deflateRawSync } from "node:zlib";
 import { chooseCodec, codecsFor, compressFrame, decompressFrame, MIN_COMPRESS_BYTES } from "../../src/federation/compression.ts";
 import { encodeFrame, FrameDecoder, FrameError, FrameType } from "../../src/federation/frame.ts";
-import { batchFrame, clientHello, parseBatch, type Batch, type Welcome } from "../../src/federation/messages.ts";
+import { batchFrame, clientHello, parseBatch, welcomeFrame, type Batch, type Welcome } from "../../src/federation/messages.ts";
+import { PeerSession } from "../../src/federation/session.ts";
+import { silentLogger } from "../../src/observability/logger.ts";
 import type { Codec } from "../../src/federation/compression.ts";
 import { waitFor } from "../helpers.ts";
 import { sessionPair } from "./memory-pair.ts";
@@ -99,6 +101,16 @@ describe("sessions", () => {
     p.client.send(frame);
     await waitFor(() => p.got.length === 1, "batch at the hub");
     expect(p.client.wire.sentWire).toBe(p.client.wire.sentRaw);
+  });
+
+  test("a WELCOME that picks a codec the client did not offer closes the session", () => {
+    const closed: string[] = [];
+    const transport = { write: (b: Uint8Array) => b.length, end() {}, terminate() {} };
+    const client = new PeerSession(transport, { name: "hub", fingerprint: "fp", notAfter: new Date(Date.now() + 86_400_000) }, { role: "client", maxBody: 1 << 20, heartbeatMs: 5000, logger: silentLogger, compression: ["deflate"] }, { onClose: (_s, r) => void closed.push(r) });
+    client.sendHello(clientHello({ name: "dev", mode: "link", publish: ["t.>"], subscribe: [], heartbeatMs: 5_000, maxBatchBytes: 1 << 20, compression: ["deflate"] }));
+    client.receive(welcomeFrame({ ...welcome, compression: "zstd" }));
+    expect(client.state).toBe("closed");
+    expect(closed[0]).toContain("was not offered");
   });
 
   test("a COMPRESSED frame on a session without a codec closes it as malformed", async () => {
