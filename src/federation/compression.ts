@@ -15,8 +15,12 @@ export type Codec = "zstd" | "deflate";
 
 const CODECS: readonly Codec[] = ["zstd", "deflate"];
 
-/** Frames smaller than this are not worth a codec's work. */
-export const MIN_COMPRESS_BYTES = 512;
+/**
+ * Frames smaller than this go as they are. At steady rates a batch carries
+ * a record or two, and compressing those cost more CPU than the bytes were
+ * worth; a backlog, where compression pays, travels in large batches.
+ */
+export const MIN_COMPRESS_BYTES = 4096;
 
 /** What a side offers (a client) or accepts (a hub), in its order of preference. */
 export function codecsFor(setting: CompressionSetting): Codec[] {

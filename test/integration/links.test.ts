@@ -54,7 +54,12 @@ beforeAll(async () => {
     return f;
   };
   const peers = ["shaped", "squeezed", "plain", "board", "stuck"]
-    .map((n) => `    - name: ${n}\n      publish: ["t.>", "alarm.>", "state.>", "buf.>", "drop.>", "ttl.>"]\n      subscribe: []\n`)
+    .map(
+      (n) =>
+        `    - name: ${n}\n      publish: ["t.>", "alarm.>", "state.>", "buf.>", "drop.>", "ttl.>"]\n` +
+        // What the hub sends `plain`: commands in lane 0, bulk in the default lane, under a cap.
+        (n === "plain" ? `      subscribe: [{pattern: "cmd.>", priority: 0}, "bulk.>"]\n      max_bytes_per_s: 64KiB\n` : "      subscribe: []\n"),
+    )
     .join("");
   hub = await runAgent(join(dir, "hub"), ["--config", cfg("hub", `${fed}hub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers}`)]);
   // A cellular-like path: 32 KiB/s and 150 ms each way; the link's cap sits below it.
@@ -68,7 +73,7 @@ beforeAll(async () => {
     cfg("shaped", `${fed}  compression: none\n${linkTo(slow.port, `[{pattern: "alarm.>", priority: 0}, "t.>"]`, `    max_bytes_per_s: ${CAP}\n`)}`),
   ]);
   squeezed = await runAgent(join(dir, "squeezed"), ["--config", cfg("squeezed", `${fed}${linkTo(counted.port, `["t.>"]`)}`)]);
-  plain = await runAgent(join(dir, "plain"), ["--config", cfg("plain", `${fed}  compression: none\n${linkTo(port, `["t.>"]`)}`)]);
+  plain = await runAgent(join(dir, "plain"), ["--config", cfg("plain", `${fed}  compression: none\n${linkTo(port, `["t.>"]`, `    subscribe: ["cmd.plain.>", "bulk.>"]\n`)}`)]);
   // A board whose path goes dead after its first session (the link's cursors are made then).
   down = new FaultProxy(port);
   const channels = [
@@ -232,4 +237,19 @@ describe("links on slow paths", () => {
     await waitFor(async () => (await api(hub, "GET", "/v1/channels")).channels.find((c: any) => c.channel === "t.stuck")?.messages === 200, "the backlog at the hub", 30_000, 100);
     expect((await link(stuck)).backlog.find((b: any) => b.channel === "t.stuck")).toMatchObject({ messages: 0, oldest_age_ms: null });
   }, 60_000);
+
+  test("a hub sends a peer its channels in the peer's lanes, under the peer's cap", async () => {
+    const body = Array.from({ length: 200 }, (_, i) => JSON.stringify({ type: "n", payload: { i, pad: "x".repeat(500) } })).join("\n");
+    expect((await api(hub, "POST", "/v1/channels/bulk.files/messages", body, "application/x-ndjson")).results).toHaveLength(200);
+    const cmd = await api(hub, "POST", "/v1/channels/cmd.plain.reboot/messages", JSON.stringify({ type: "cmd", payload: { now: true } }));
+    const got = await waitFor(async () => (await pulled(plain, "cmd.plain.reboot"))[0], "the command at the device", 10_000, 20);
+    expect(got.id).toBe(cmd.id);
+    // 200 x ~600 bytes at 64 KiB/s take about 2 s: the command did not wait for them.
+    expect((await pulled(plain, "bulk.files")).length).toBeLessThan(200);
+    const p = await peer(hub, "plain");
+    expect(p.max_bytes_per_s).toBe(65536);
+    expect(p.lanes.map((l: any) => l.priority)).toEqual([0, 4]);
+    expect(p.lanes[0].sent_frames).toBe(1);
+    await waitFor(async () => (await pulled(plain, "bulk.files")).length === 200, "the bulk at the device", 15_000, 100);
+  }, 30_000);
 });
