@@ -211,7 +211,13 @@ export async function shapedLink(o: ShapedOptions): Promise<Row[]> {
       note: r.system.startsWith("keyop") ? `< 1000: ${r.alarmMs < 1000 ? "met" : "MISSED"}` : "FIFO behind the backlog",
     });
     rows.push({ group: G, metric: `${r.system}: time to drain the backlog`, value: r.drainS, unit: "s", note });
-    rows.push({ group: G, metric: `${r.system}: bytes on the path per message`, value: r.bytesPerMsg, unit: "B", note: r.system.startsWith("keyop") ? "mutual TLS and protocol included" : "plain TCP (no TLS), protocol included" });
+    rows.push({
+      group: G,
+      metric: `${r.system}: bytes on the path per message`,
+      value: r.bytesPerMsg,
+      unit: "B",
+      note: r.system.startsWith("keyop") ? "mutual TLS and protocol included" : "plain TCP (no TLS), protocol included",
+    });
     rows.push({ group: G, metric: `${r.system}: board CPU per message during the drain`, value: r.boardCpuUsPerMsg, unit: "µs" });
   }
   const z = results.find((r) => r.system === "keyop, zstd");

@@ -106,7 +106,12 @@ describe("sessions", () => {
   test("a WELCOME that picks a codec the client did not offer closes the session", () => {
     const closed: string[] = [];
     const transport = { write: (b: Uint8Array) => b.length, end() {}, terminate() {} };
-    const client = new PeerSession(transport, { name: "hub", fingerprint: "fp", notAfter: new Date(Date.now() + 86_400_000) }, { role: "client", maxBody: 1 << 20, heartbeatMs: 5000, logger: silentLogger, compression: ["deflate"] }, { onClose: (_s, r) => void closed.push(r) });
+    const client = new PeerSession(
+      transport,
+      { name: "hub", fingerprint: "fp", notAfter: new Date(Date.now() + 86_400_000) },
+      { role: "client", maxBody: 1 << 20, heartbeatMs: 5000, logger: silentLogger, compression: ["deflate"] },
+      { onClose: (_s, r) => void closed.push(r) },
+    );
     client.sendHello(clientHello({ name: "dev", mode: "link", publish: ["t.>"], subscribe: [], heartbeatMs: 5_000, maxBatchBytes: 1 << 20, compression: ["deflate"] }));
     client.receive(welcomeFrame({ ...welcome, compression: "zstd" }));
     expect(client.state).toBe("closed");
