@@ -41,7 +41,18 @@ interface SessionParts {
  */
 export interface HubTier {
   store: HubStore;
-  sender(session: Link, o: { patterns: string[]; allow: Matcher; start: "latest" | "earliest"; volatile: boolean; audit: AuditLog | undefined }): Sender;
+  sender(
+    session: Link,
+    o: {
+      patterns: string[];
+      allow: Matcher;
+      start: "latest" | "earliest";
+      volatile: boolean;
+      audit: AuditLog | undefined;
+      laneOf?: ((channel: string) => number) | undefined;
+      maxBytesPerS?: number | undefined;
+    },
+  ): Sender;
 }
 
 /** The federation side of an agent. */
@@ -158,7 +169,7 @@ export class Federation implements LinkDialer {
     let tierSender: Sender | undefined;
     if (this.tier && s.role === "hub") {
       try {
-        tierSender = this.tier.sender(s, { patterns, allow: allow ?? (() => true), start, volatile, audit: this.audit });
+        tierSender = this.tier.sender(s, { patterns, allow: allow ?? (() => true), start, volatile, audit: this.audit, laneOf: shape.laneOf, maxBytesPerS: shape.maxBytesPerS });
       } catch (err) {
         s.close("unavailable", `cannot read the streams: ${err instanceof Error ? err.message : String(err)}`);
         return undefined;

@@ -13,6 +13,10 @@ import type { AuditLog } from "../federation/audit.ts";
 import type { Sender } from "../federation/forwarder.ts";
 import type { ChannelBacklog, Link } from "../federation/link.ts";
 import { batchFrame, type Ack } from "../federation/messages.ts";
+import { cappedBatchBytes } from "../federation/forwarder.ts";
+import { LaneScheduler, type LaneStats } from "../federation/lanes.ts";
+import { DEFAULT_PRIORITY } from "../federation/priority.ts";
+import { TokenBucket } from "../federation/token-bucket.ts";
 import { Window } from "../messenger/window.ts";
 import type { Logger } from "../observability/logger.ts";
 import { downRecord, type StreamMessage } from "./foreign.ts";
@@ -79,6 +83,10 @@ export interface StreamForwarderOptions {
   audit?: AuditLog | undefined;
   /** Told of stream sequences skipped because a position was older than the stream's first message. */
   onExpired?: (skipped: number) => void;
+  /** The lane of a channel's batches (federation/priority.ts); one lane when absent. */
+  laneOf?: (channel: string) => number;
+  /** Cap on the wire bytes of data sent per second; none when absent. */
+  maxBytesPerS?: number | undefined;
 }
 
 /** A stretch of stream sequences: sent in one batch, or passed over. */
@@ -129,8 +137,15 @@ export class StreamForwarder implements Sender {
   private readonly peerBytes: Uint8Array;
   readonly stats: StreamForwarderStats = { sent: 0, loopSkipped: 0, passed: 0, expired: 0 };
 
+  /** The order batches go out in and the cap: at most `window` wait here, as they hold the window. */
+  private readonly lanes: LaneScheduler;
+  private readonly maxBatchBytes: number;
+
   constructor(o: StreamForwarderOptions) {
     this.o = o;
+    const cap = o.maxBytesPerS;
+    this.lanes = new LaneScheduler(o.session, { bucket: cap === undefined ? undefined : new TokenBucket(cap, Math.max(512, cap / 4), performance.now()) });
+    this.maxBatchBytes = cappedBatchBytes(o.maxBatchBytes, cap);
     this.window = new Window(o.window);
     this.peerBytes = utf8Bytes(o.session.peer.name);
     this.readings = o.plans.map((plan) => ({ plan, key: positionKey(o.tier, o.session.peer.name, plan.stream), match: compileRules(plan.patterns), spans: [], pending: 0 }));
@@ -189,7 +204,7 @@ export class StreamForwarder implements Sender {
         continue;
       }
       const g = this.group;
-      if (g && (g.reading !== r || g.channel !== rec.channel || g.bytes + rec.body.length > this.o.maxBatchBytes - 1024)) this.flush();
+      if (g && (g.reading !== r || g.channel !== rec.channel || g.bytes + rec.body.length > this.maxBatchBytes - 1024)) this.flush();
       if (!this.group) {
         // A new batch needs room in the window; the source holds what comes meanwhile.
         while (this.window.room() <= 0 && !signal.aborted) await new Promise<void>((res) => this.roomWaiters.push(res));
@@ -231,7 +246,12 @@ export class StreamForwarder implements Sender {
     this.inflight.set(batch, { reading: g.reading, span, channel: g.channel, records: g.records.length });
     this.window.take(0);
     this.stats.sent += g.records.length;
-    session.send(batchFrame({ batch, channel: g.channel, seqs: g.seqs, records: g.records }));
+    this.lanes.push(this.o.laneOf?.(g.channel) ?? DEFAULT_PRIORITY, session.pack(batchFrame({ batch, channel: g.channel, seqs: g.seqs, records: g.records })));
+  }
+
+  /** Per lane: what waits to go, and what went. */
+  laneStats(): LaneStats[] {
+    return this.lanes.stats();
   }
 
   /** Moves the stored position over the acknowledged (or passed-over) prefix. */
@@ -275,6 +295,7 @@ export class StreamForwarder implements Sender {
   stop(): void {
     if (this.stopping.signal.aborted) return;
     this.stopping.abort();
+    this.lanes.stop();
     this.wakeWaiters();
     for (const r of this.readings) void this.o.positions?.flush(r.key);
   }

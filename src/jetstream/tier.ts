@@ -34,6 +34,8 @@ export function jetstreamTier(engine: JetStreamEngine, o: { name: string; window
         onExpired: (n) => {
           engine.stats.expired += n;
         },
+        laneOf: s.laneOf,
+        maxBytesPerS: s.maxBytesPerS,
       });
     },
   };

@@ -110,7 +110,7 @@ function hubYaml(i: number): string {
     tls(i === 0 ? "hub" : "hub2/hub"),
     "federation:\n  heartbeat_ms: 500ms\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n",
     `audit:\n  path: ${join(dir, `hub${i}-audit.log`)}\n`,
-    `hub:\n  listen: 127.0.0.1:${hubPorts[i]}\n  peers:\n    - name: board\n      publish: ["t.>"]\n      subscribe: ["cmd.board.>", "small.board.>"]\n`,
+    `hub:\n  listen: 127.0.0.1:${hubPorts[i]}\n  peers:\n    - name: board\n      publish: ["t.>"]\n      subscribe: [{pattern: "cmd.board.>", priority: 0}, "small.board.>"]\n`,
     "  jetstream:\n",
     `    servers: [${cluster.servers.map((s) => `"${s}"`).join(", ")}]\n`,
     "    subject_prefix: kp\n",
@@ -277,6 +277,10 @@ describe("hub tier on JetStream", () => {
     expect(all.map((m) => m.payload.n)).toEqual(Array.from({ length: 600 }, (_, k) => k));
     expect(new Set(all.map((m) => m.id)).size).toBe(600);
     expect((await api(board, "GET", "/v1/status")).links[0].target).toBe(`127.0.0.1:${hubPorts[1 - i]}`);
+    // The tier's sender takes the peer's lanes and the codec the session agreed on, as a hub's own does.
+    const served = (await api(hubs[1 - i]!, "GET", "/v1/status")).links.find((l: any) => l.peer === "board");
+    expect(served.compression).toBe("zstd");
+    expect(served.lanes.find((l: any) => l.priority === 0)?.sent_frames).toBeGreaterThan(0);
     await startHub(i);
   }, 120_000);
 
