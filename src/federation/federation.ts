@@ -13,7 +13,7 @@ import { connectMtls, MtlsServer } from "../pki/mtls.ts";
 import type { TlsMaterial } from "../pki/tls.ts";
 import { AuditLog } from "./audit.ts";
 import { RecentIds } from "./dedup.ts";
-import { backlogOf, cursorName, Forwarder, type Sender } from "./forwarder.ts";
+import { backlogOf, cursorName, Forwarder, holdPeer, type Sender } from "./forwarder.ts";
 import type { ChannelBacklog, Link, LinkInfo } from "./link.ts";
 import { type LinkDialer, LinkRunner } from "./link-runner.ts";
 import { removeExpiredPeerCursors, seedDuplicateFilter } from "./peer-cursors.ts";
@@ -106,11 +106,62 @@ export class Federation implements LinkDialer {
   /** Removes the federation cursors of peers gone longer than `federation.peer_expiry`; returns what it removed. */
   cleanupPeerCursors(now = Date.now()): Promise<string[]> {
     const connected = new Set([...this.parts.keys()].map((s) => s.peer.name));
+    // A link's hold stays while the link is configured, however long it has been offline.
+    for (const l of this.cfg.links) connected.add(holdPeer(l.hubs));
     return removeExpiredPeerCursors(this.messenger, connected, this.cfg.federation.peerExpiryMs, now, this.logger);
+  }
+
+  /**
+   * A link that has never had a session has no cursors yet (they are named
+   * by its hub's certificate): its backlog is held from now by cursors of
+   * its own, which its first session takes over. Without them nothing
+   * would pin what a board publishes before it first reaches its hub, and
+   * a `reject` channel would let go of it.
+   */
+  private holdNeverConnected(): void {
+    for (const l of this.cfg.links) {
+      const hold = cursorName(holdPeer(l.hubs));
+      for (const p of l.publish) {
+        if (this.linkCursorPeer(l, p) !== null) continue;
+        try {
+          this.messenger.openSubscriber(p, hold, { from: l.start }).touch();
+        } catch (err) {
+          this.logger.error("could not hold a link's backlog before its first session", { hub: l.hubs.join(","), pattern: p, error: String(err) });
+        }
+      }
+    }
+  }
+
+  /**
+   * The hub whose cursors hold a link's pattern `p` from an earlier session
+   * (a `_fed.` subscriber of the pattern that is neither a hold nor a peer
+   * of this hub), or null.
+   */
+  private linkCursorPeer(link: LinkConfig, p?: string): string | null {
+    for (const s of this.messenger.subscribers()) {
+      if (!s.name.startsWith("_fed.") || s.name.startsWith("_fed..hold-")) continue;
+      const peer = s.name.slice("_fed.".length);
+      if (this.peers.has(peer)) continue;
+      if (p === undefined ? link.publish.includes(s.pattern) : s.pattern === p) return peer;
+    }
+    return null;
+  }
+
+  /** A link's first session: its cursors start where its hold stood, and the hold goes. */
+  private takeOverHold(link: LinkConfig, hub: string): void {
+    const hold = cursorName(holdPeer(link.hubs));
+    const held = this.messenger.subscribers().filter((s) => s.name === hold);
+    for (const h of held) {
+      if (link.publish.includes(h.pattern)) this.messenger.openSubscriber(h.pattern, cursorName(hub), { like: hold });
+      void this.messenger
+        .deleteSubscriber(h.pattern, hold)
+        .catch((err) => this.logger.warn("could not remove a link's hold (removed at the next session)", { pattern: h.pattern, error: String(err) }));
+    }
   }
 
   /** Starts the hub listener and every link. */
   start(): void {
+    this.holdNeverConnected();
     this.cleanupTimer = setInterval(
       () => void this.cleanupPeerCursors().catch((err) => this.logger.error("peer cursor clean-up failed (tried again at the next pass)", { error: String(err) })),
       Math.min(3_600_000, this.cfg.federation.peerExpiryMs),
@@ -257,6 +308,7 @@ export class Federation implements LinkDialer {
     return {
       ...this.common(),
       onOpen: (s) => {
+        this.takeOverHold(link, s.peer.name);
         this.parts.set(s, {
           receiver: new Receiver({ sink: this.localSink, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit }),
           forwarder: this.forwarder(s, link.publish, link.start, undefined, "durable", {
@@ -324,8 +376,10 @@ export class Federation implements LinkDialer {
         st.stored = parts.receiver.stats.stored;
         st.lanes = parts.forwarder?.laneStats?.() ?? [];
       }
-      // From the durable cursors, so a link that is down still shows what waits for it.
-      if (l.lastPeer) st.backlog = this.backlogOf(l.lastPeer, l.config.publish);
+      // From the durable cursors, so a link that is down still shows what waits for it
+      // (before its first session, what its hold keeps).
+      const peer = l.lastPeer ?? this.linkCursorPeer(l.config);
+      st.backlog = peer === null ? this.backlogOf(holdPeer(l.config.hubs), l.config.publish) : this.backlogOf(peer, l.config.publish);
       const aged = withAges(st.backlog, this.oldest, compilePriorities(l.config.publishLanes), now);
       st.laneBacklog = aged.lanes;
       return st;

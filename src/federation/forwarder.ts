@@ -84,6 +84,16 @@ export function cursorName(peer: string): string {
 }
 
 /**
+ * The peer part of the cursors that hold a link's backlog until its first
+ * session says which hub it is (its cursors are named by the hub's
+ * certificate): from the link's hub addresses, so the same link finds them
+ * after a restart.
+ */
+export function holdPeer(hubs: readonly string[]): string {
+  return `.hold-${Bun.hash(hubs.join(",")).toString(16)}`;
+}
+
+/**
  * The sending half of a session, as the federation runs it: a Forwarder
  * over this instance's log, or a hub tier's reader of JetStream streams.
  */

@@ -418,7 +418,7 @@ export class Messenger {
    * handler), created at `from` unless it exists or `create` is false
    * (then `UnknownSubscriberError`).
    */
-  openSubscriber(pattern: string, name: string, opts: { from?: StartFrom; create?: boolean } = {}): DurableSubscriber {
+  openSubscriber(pattern: string, name: string, opts: { from?: StartFrom; create?: boolean; like?: string } = {}): DurableSubscriber {
     if (this.state !== "open") throw new ClosedError();
     assertPattern(pattern);
     assertName(name);
@@ -432,7 +432,10 @@ export class Messenger {
       if (!(from === "latest" || from === "earliest" || (Number.isInteger(from) && (from as number) >= 1))) {
         throw new InvalidArgumentError(`from must be "earliest", "latest" or a seq >= 1`);
       }
-      state = this.createSubscriber(pattern, name, from);
+      // `like`: start where another subscriber of the pattern stands (a link's cursors taking over from its hold).
+      const model = opts.like === undefined ? undefined : this.cursorStore.get(pattern, opts.like);
+      state = this.createSubscriber(pattern, name, model ? "earliest" : from);
+      if (model) for (const [channel, at] of Object.entries(model.cursors)) this.cursorStore.set(state, channel, at);
     }
     const handle = new DurableSubscriber(this.readerHost, state);
     this.readers.set(key, handle);

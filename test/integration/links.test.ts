@@ -36,8 +36,8 @@ const link = async (a: AgentProc) => (await api(a, "GET", "/v1/status")).links[0
 const peer = async (hub: AgentProc, name: string) => (await api(hub, "GET", "/v1/status")).links.find((l: any) => l.peer === name);
 
 let dir: string;
-let hub: AgentProc, shaped: AgentProc, squeezed: AgentProc, plain: AgentProc, board: AgentProc, stuck: AgentProc;
-let slow: FaultProxy, counted: FaultProxy, down: FaultProxy;
+let hub: AgentProc, shaped: AgentProc, squeezed: AgentProc, plain: AgentProc, board: AgentProc, stuck: AgentProc, fresh: AgentProc;
+let slow: FaultProxy, counted: FaultProxy, down: FaultProxy, never: FaultProxy;
 let frozen: MtlsServer<PeerSession>;
 let frozenBatches = 0;
 const frozenClosed: string[] = [];
@@ -45,7 +45,7 @@ const CAP = 24 * 1024;
 
 beforeAll(async () => {
   dir = tmpDir();
-  const tls = await fleet(dir, ["hub", "shaped", "squeezed", "plain", "board", "stuck"]);
+  const tls = await fleet(dir, ["hub", "shaped", "squeezed", "plain", "board", "stuck", "fresh"]);
   const port = freePort();
   const fed = "federation:\n  heartbeat_ms: 1s\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 1s\n";
   const cfg = (n: string, body: string) => {
@@ -53,7 +53,7 @@ beforeAll(async () => {
     writeFileSync(f, `${tls(n)}storage:\n  sync: none\n${body}`);
     return f;
   };
-  const peers = ["shaped", "squeezed", "plain", "board", "stuck"]
+  const peers = ["shaped", "squeezed", "plain", "board", "stuck", "fresh"]
     .map(
       (n) =>
         `    - name: ${n}\n      publish: ["t.>", "alarm.>", "state.>", "buf.>", "drop.>", "ttl.>"]\n` +
@@ -84,6 +84,13 @@ beforeAll(async () => {
   ].join("\n");
   board = await runAgent(join(dir, "board"), ["--config", cfg("board", `${fed}channels:\n${channels}\n${linkTo(down.port, `["state.>", "buf.>", "drop.>", "ttl.>"]`)}`)]);
   // Open on the devices' side too: a link's cursors are made when its session opens there.
+  // A board installed where its link has never worked yet: its link (start: latest) is refused.
+  never = new FaultProxy(port);
+  never.refusing = true;
+  fresh = await runAgent(join(dir, "fresh"), [
+    "--config",
+    cfg("fresh", `${fed}channels:\n  - {pattern: "buf.>", max_bytes: 32KiB, full_policy: reject}\nlinks:\n  - hub: 127.0.0.1:${never.port}\n    publish: ["buf.>", "t.>"]\n`),
+  ]);
   // A hub of the same identity whose storage hangs: it answers heartbeats and never acknowledges.
   const pki = join(dir, "pki");
   const material = await loadTlsMaterial({ cert: join(pki, "hub.crt"), key: join(pki, "hub.key"), ca: join(pki, "ca.crt") });
@@ -108,7 +115,8 @@ afterAll(async () => {
   counted?.stop();
   down?.stop();
   frozen?.stop(true);
-  for (const a of [shaped, squeezed, plain, board, stuck, hub]) {
+  never?.stop();
+  for (const a of [shaped, squeezed, plain, board, stuck, fresh, hub]) {
     a?.child.proc.kill("SIGTERM");
     await a?.child.proc.exited;
   }
@@ -251,5 +259,33 @@ describe("links on slow paths", () => {
     expect(p.lanes.map((l: any) => l.priority)).toEqual([0, 4]);
     expect(p.lanes[0].sent_frames).toBe(1);
     await waitFor(async () => (await pulled(plain, "bulk.files")).length === 200, "the bulk at the device", 15_000, 100);
+  }, 30_000);
+
+  test("a board whose link never connected yet keeps what it publishes for the link: reject refuses instead of dropping, and start: latest loses nothing", async () => {
+    expect((await link(fresh)).state).not.toBe("open");
+    const first = await api(fresh, "POST", "/v1/channels/t.boot/messages", JSON.stringify({ type: "n", payload: "first light" }));
+    let stored = 0;
+    let status = 0;
+    for (let i = 0; i < 100 && status !== 507; i++) {
+      const r = await fetch("http://k/v1/channels/buf.fresh/messages", {
+        method: "POST",
+        body: JSON.stringify({ type: "n", payload: { i, pad: "x".repeat(1000) } }),
+        headers: { "content-type": "application/json" },
+        unix: fresh.socket,
+      } as RequestInit);
+      status = r.status;
+      if (r.status === 201) stored++;
+    }
+    expect(status).toBe(507);
+    // What waits is in the link's status before it ever connected.
+    expect((await link(fresh)).backlog.find((b: any) => b.channel === "buf.fresh")).toMatchObject({ messages: stored });
+    never.refusing = false;
+    const count = async (c: string) => (await api(hub, "GET", "/v1/channels")).channels.find((x: any) => x.channel === c)?.messages ?? 0;
+    await waitFor(async () => (await count("buf.fresh")) === stored && (await count("t.boot")) === 1, "what the board kept, at the hub", 20_000, 50);
+    expect((await pulled(hub, "t.boot"))[0].id).toBe(first.id);
+    // The link's own cursors took over from the hold, which is gone.
+    const subs = (await api(fresh, "GET", "/v1/channels")).channels.flatMap((c: any) => c.subscribers.map((x: any) => x.name));
+    expect(subs).toContain("_fed.hub");
+    expect(subs.some((n: string) => n.startsWith("_fed..hold-"))).toBe(false);
   }, 30_000);
 });
