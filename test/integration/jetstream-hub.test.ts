@@ -370,8 +370,10 @@ describe("hub tier on JetStream", () => {
       return l.state !== "open" && /unavailable/.test(l.last_error ?? "");
     };
     await waitFor(refused, "the board is refused with unavailable (quorum lost)", 60_000, 100);
-    // Both hubs know, the one that was not storing for anybody too (it asks every 5 s).
-    await waitFor(async () => (await Promise.all(hubs.map(async (h) => (await api(h!, "GET", "/v1/status")).jetstream.state))).every((st) => st !== "available"), "neither hub available", 20_000, 100);
+    // Both hubs know, the one that was not storing for anybody too (it asks every 5 s). A hub the
+    // refused board turned to may first spend its publish retries (15 s) before it says so: on two
+    // loaded cores the 20 s this waited before were not always enough.
+    await waitFor(async () => (await Promise.all(hubs.map(async (h) => (await api(h!, "GET", "/v1/status")).jetstream.state))).every((st) => st !== "available"), "neither hub available", 45_000, 100);
     // And then the last one: the cluster is unreachable.
     await cluster.stopNode("n3", "SIGKILL");
     await waitFor(
