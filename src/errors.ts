@@ -16,6 +16,10 @@ export type ErrorCode =
   | "too_large"
   | "disk_full"
   | "buffer_full"
+  | "timeout"
+  | "no_responders"
+  | "no_request"
+  | "unreachable"
   | "io_error"
   | "log_unavailable"
   | "locked"
@@ -104,6 +108,27 @@ export class DiskFullError extends KeyopError {
 export class BufferFullError extends KeyopError {
   constructor(message: string) {
     super("buffer_full", message);
+  }
+}
+
+/** A request got no reply within its timeout. */
+export class RequestTimeoutError extends KeyopError {
+  constructor(message: string) {
+    super("timeout", message);
+  }
+}
+
+/** A request nobody could answer: no responder or consumer is attached to its channel, here or on a connected peer. */
+export class NoRespondersError extends KeyopError {
+  constructor(message: string) {
+    super("no_responders", message);
+  }
+}
+
+/** A reply to an inbox no request waits on (it timed out, or was answered already). */
+export class NoRequestError extends KeyopError {
+  constructor(message: string) {
+    super("no_request", message);
   }
 }
 

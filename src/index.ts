@@ -6,6 +6,7 @@
 export { Messenger } from "./messenger/messenger.ts";
 export type {
   PublishOptions,
+  RequestOptions,
   PublishResult,
   BatchEntry,
   MessengerStats,

@@ -8,6 +8,7 @@ import { ConfigError, KeyopError } from "./errors.ts";
 import { UsageError } from "./cli/args.ts";
 import { cmdRun } from "./cli/run.ts";
 import { cmdPub } from "./cli/pub.ts";
+import { cmdRequest } from "./cli/request.ts";
 import { cmdSub } from "./cli/sub.ts";
 import { cmdPull } from "./cli/pull.ts";
 import { cmdChannels, cmdStatus, cmdVersion } from "./cli/info.ts";
@@ -19,6 +20,7 @@ const USAGE = `usage: keyop <command> [options]
 
   run        run the agent (data directory + local API socket)
   pub        publish a message
+  request    send a request and print the reply
   sub        stream messages to stdout or into a command (--exec)
   pull       pull messages once
   channels   list channels and subscribers
@@ -32,6 +34,7 @@ const USAGE = `usage: keyop <command> [options]
 const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   run: cmdRun,
   pub: cmdPub,
+  request: cmdRequest,
   sub: cmdSub,
   pull: cmdPull,
   channels: cmdChannels,

@@ -65,6 +65,14 @@ function parseJson(s: string, where: string): unknown {
 
 const wire = (r: PublishResult) => ({ id: r.id, channel: r.channel, seq: r.seq, ts: r.ts });
 
+/** One JSON message from a request body (`type`, `payload`, ...), for a single publish or a request. */
+export async function singleMessage(req: Request, channel: string, limits: PublishLimits): Promise<BatchEntry> {
+  const type = mediaType(req);
+  if (!JSON_TYPES.has(type)) throw new KeyopError("unsupported_media_type", `content type "${type}" is not accepted here: use application/json`);
+  const body = await readBody(req, limits.maxMessageBytes);
+  return entryOf(channel, parseJson(text(body), "body"), "body");
+}
+
 /** Handles a publish request for `channel` (already validated as a channel name). */
 export async function handlePublish(req: Request, channel: string, messenger: Messenger, limits: PublishLimits): Promise<Response> {
   const type = mediaType(req);

@@ -15,6 +15,7 @@ import type { LogHealth } from "../store/channel-log.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { ExtraGauges } from "../observability/metrics.ts";
 import { renderMetrics } from "./metrics.ts";
+import { handleRequest } from "./request.ts";
 import { boolParam, errorBody, errorResponse, fromParam, intParam, json, requiredParam, statusOf } from "./http.ts";
 import { handlePublish, type PublishLimits } from "./publish.ts";
 import { prepareSocketPath } from "../net/socket-file.ts";
@@ -153,6 +154,12 @@ export class ApiServer {
         return handlePull(url, target, m, AbortSignal.any([req.signal, this.shutdown.signal]));
       }
       return methodNotAllowed("GET, POST");
+    }
+    if (rest === "requests") {
+      if (method !== "POST") return methodNotAllowed("POST");
+      assertChannel(target);
+      server.timeout(req, 0); // the wait for the reply may outlast the idle timeout
+      return handleRequest(req, url, target, m, this.opts.limits);
     }
     if (rest === "stream") {
       if (method !== "GET") return methodNotAllowed("GET");

@@ -11,18 +11,20 @@ import { LocalClient } from "../client/local-client.ts";
 import { fromFlag, intFlag, parseArgs, UsageError } from "./args.ts";
 
 /** Usage text of `keyop sub`. */
-export const SUB_USAGE = `usage: keyop sub CHANNEL --name NAME [--from earliest|latest|SEQ] [--exec CMD] [--max N] [--socket PATH]
+export const SUB_USAGE = `usage: keyop sub CHANNEL --name NAME [--from earliest|latest|SEQ] [--exec CMD [--reply]] [--max N] [--socket PATH]
 
 Streams messages of CHANNEL (or a pattern such as sensors.>) to the durable
 subscriber NAME: one envelope JSON per line on stdout, acked once printed.
 With --exec, CMD runs (via sh -c) once per message with the envelope on
 stdin and KEYOP_CHANNEL, KEYOP_SEQ, KEYOP_ID, KEYOP_TYPE set; the message is
 acked only when CMD exits 0, otherwise retried with backoff. --max N stops
-after N messages. A new subscriber starts at --from (default latest).`;
+after N messages. A new subscriber starts at --from (default latest).
+With --reply, CMD's stdout answers a message that is a request (it has
+reply_to): as JSON when it parses, else as a string (type "reply").`;
 
 /** Streams until --max, a signal, or a fatal error; resolves with the exit code. */
 export async function cmdSub(argv: string[]): Promise<number> {
-  const p = parseArgs(argv, { name: "string", from: "string", exec: "string", max: "string", socket: "string" }, 1);
+  const p = parseArgs(argv, { name: "string", from: "string", exec: "string", reply: "boolean", max: "string", socket: "string" }, 1);
   if (p.help) {
     console.log(SUB_USAGE);
     return 0;
@@ -34,6 +36,8 @@ export async function cmdSub(argv: string[]): Promise<number> {
   const from = fromFlag(p);
   const max = intFlag(p, "max", undefined);
   const exec = p.flags.exec as string | undefined;
+  const answer = p.flags.reply === true;
+  if (answer && !exec) throw new UsageError("--reply needs --exec (its stdout is the reply)");
   const client = new LocalClient({ socket: p.flags.socket as string | undefined });
   const abort = new AbortController();
   const onSignal = () => abort.abort();
@@ -51,7 +55,9 @@ export async function cmdSub(argv: string[]): Promise<number> {
       async (msg) => {
         reported = false;
         if (exec) {
-          if (!(await runUntilSuccess(exec, msg, abort.signal))) throw new Error("stopped");
+          const out = await runUntilSuccess(exec, msg, abort.signal, answer);
+          if (out === null) throw new Error("stopped");
+          if (answer && msg.replyTo) await sendReply(client, msg, out);
         } else {
           process.stdout.write(envelopeJson(msg) + "\n");
         }
@@ -76,18 +82,38 @@ export async function cmdSub(argv: string[]): Promise<number> {
   }
 }
 
-/** Runs `cmd` for `msg` until it exits 0 (true) or the subscriber is stopped (false). */
-async function runUntilSuccess(cmd: string, msg: Message, signal: AbortSignal): Promise<boolean> {
+/** The reply to `msg` from a handler's output: JSON when it parses, else the text. */
+async function sendReply(client: LocalClient, msg: Message, out: string): Promise<void> {
+  let payload: unknown = out.replace(/\n$/, "");
+  try {
+    payload = JSON.parse(out);
+  } catch {
+    // not JSON: the text is the reply
+  }
+  try {
+    await client.reply(msg, "reply", payload);
+  } catch (err) {
+    // The requester gave up waiting: the message is handled all the same.
+    process.stderr.write(`keyop sub: the reply to ${msg.id} was not taken: ${err instanceof Error ? err.message : String(err)}\n`);
+  }
+}
+
+/**
+ * Runs `cmd` for `msg` until it exits 0 (resolves with its stdout when
+ * `capture`, else "") or the subscriber is stopped (null).
+ */
+async function runUntilSuccess(cmd: string, msg: Message, signal: AbortSignal, capture = false): Promise<string | null> {
   let delay = 500;
   for (let attempt = 1; !signal.aborted; attempt++) {
     const proc = Bun.spawn(["sh", "-c", cmd], {
       stdin: new TextEncoder().encode(envelopeJson(msg) + "\n"),
-      stdout: "inherit",
+      stdout: capture ? "pipe" : "inherit",
       stderr: "inherit",
       env: { ...process.env, KEYOP_CHANNEL: msg.channel, KEYOP_SEQ: String(msg.seq), KEYOP_ID: msg.id, KEYOP_TYPE: msg.type },
     });
+    const out = capture ? await new Response(proc.stdout as ReadableStream).text() : "";
     const code = await proc.exited;
-    if (code === 0) return true;
+    if (code === 0) return out;
     process.stderr.write(`keyop sub: --exec exited ${code} for ${msg.channel} seq ${msg.seq} (attempt ${attempt}), retrying in ${delay} ms\n`);
     await new Promise<void>((r) => {
       const t = setTimeout(r, delay);
@@ -95,5 +121,5 @@ async function runUntilSuccess(cmd: string, msg: Message, signal: AbortSignal): 
     });
     delay = Math.min(delay * 2, 30_000);
   }
-  return false;
+  return null;
 }

@@ -99,6 +99,8 @@ export function fromWire(w: Record<string, unknown>): Message {
   };
   if (typeof w.correlation_id === "string") m.correlationId = w.correlation_id;
   if (typeof w.service_name === "string") m.serviceName = w.service_name;
+  if (typeof w.reply_to === "string") m.replyTo = w.reply_to;
+  if (typeof w.expires === "number") m.expires = w.expires;
   return m;
 }
 
@@ -121,7 +123,7 @@ export class LocalClient {
   }
 
   /** One HTTP request; JSON answer parsed, API errors thrown as `ApiError`. */
-  async request<T = unknown>(method: string, path: string, body?: string | Uint8Array, contentType = "application/json", signal?: AbortSignal): Promise<T> {
+  async call<T = unknown>(method: string, path: string, body?: string | Uint8Array, contentType = "application/json", signal?: AbortSignal): Promise<T> {
     let res: Response;
     try {
       res = await fetch(`http://keyop${path}`, {
@@ -151,13 +153,33 @@ export class LocalClient {
 
   /** Publishes one message; resolves after the agent's durable write. */
   publish(channel: string, type: string, payload: unknown, opts: { correlationId?: string; serviceName?: string; ttlMs?: number } = {}): Promise<PublishReceipt> {
-    return this.request("POST", `/v1/channels/${seg(channel)}/messages`, JSON.stringify(wireOut({ type, payload, ...opts })));
+    return this.call("POST", `/v1/channels/${seg(channel)}/messages`, JSON.stringify(wireOut({ type, payload, ...opts })));
+  }
+
+  /**
+   * Sends a request and resolves with the reply (`ApiError` with code
+   * `no_responders` or `timeout` otherwise; durable: stored even when
+   * nobody is attached to answer now).
+   */
+  async request(channel: string, type: string, payload: unknown, opts: { correlationId?: string; serviceName?: string; timeoutMs?: number; durable?: boolean } = {}): Promise<Message> {
+    const q = new URLSearchParams();
+    if (opts.timeoutMs !== undefined) q.set("timeout_ms", String(Math.round(opts.timeoutMs)));
+    if (opts.durable) q.set("durable", "true");
+    const { timeoutMs: _t, durable: _d, ...fields } = opts;
+    const w = await this.call<Record<string, unknown>>("POST", `/v1/channels/${seg(channel)}/requests?${q}`, JSON.stringify(wireOut({ type, payload, ...fields })));
+    return fromWire(w);
+  }
+
+  /** Answers `request` (a message with `replyTo`): the reply goes to its requester only, and is not stored. */
+  reply(request: Message, type: string, payload: unknown): Promise<PublishReceipt> {
+    if (!request.replyTo) throw new Error(`message ${request.id} carries no reply_to: it is not a request`);
+    return this.publish(request.replyTo, type, payload, { correlationId: request.id });
   }
 
   /** Publishes many messages to one channel in one request (NDJSON). */
   async publishBatch(channel: string, messages: OutgoingMessage[]): Promise<PublishReceipt[]> {
     const body = messages.map((m) => JSON.stringify(wireOut(m))).join("\n") + "\n";
-    const r = await this.request<{ results: PublishReceipt[] }>("POST", `/v1/channels/${seg(channel)}/messages`, body, "application/x-ndjson");
+    const r = await this.call<{ results: PublishReceipt[] }>("POST", `/v1/channels/${seg(channel)}/messages`, body, "application/x-ndjson");
     return r.results;
   }
 
@@ -167,7 +189,7 @@ export class LocalClient {
     if (opts.max !== undefined) q.set("max", String(opts.max));
     if (opts.waitMs !== undefined) q.set("wait", String(Math.round(opts.waitMs)));
     if (opts.from !== undefined) q.set("from", String(opts.from));
-    const r = await this.request<{ messages: Record<string, unknown>[] }>("GET", `/v1/channels/${seg(channel)}/messages?${q}`, undefined, undefined, opts.signal);
+    const r = await this.call<{ messages: Record<string, unknown>[] }>("GET", `/v1/channels/${seg(channel)}/messages?${q}`, undefined, undefined, opts.signal);
     return r.messages.map(fromWire);
   }
 
@@ -175,22 +197,22 @@ export class LocalClient {
   ack(pathChannel: string, subscriber: string, seq: number, channel?: string): Promise<{ cursor: number; channel: string }> {
     const body: Record<string, unknown> = { seq };
     if (channel !== undefined) body.channel = channel;
-    return this.request("POST", `/v1/channels/${seg(pathChannel)}/subscribers/${seg(subscriber)}/ack`, JSON.stringify(body));
+    return this.call("POST", `/v1/channels/${seg(pathChannel)}/subscribers/${seg(subscriber)}/ack`, JSON.stringify(body));
   }
 
   /** Removes a durable subscriber. */
   deleteSubscriber(channel: string, subscriber: string): Promise<unknown> {
-    return this.request("DELETE", `/v1/channels/${seg(channel)}/subscribers/${seg(subscriber)}`);
+    return this.call("DELETE", `/v1/channels/${seg(channel)}/subscribers/${seg(subscriber)}`);
   }
 
   /** `GET /v1/channels`. */
   channels(): Promise<{ channels: Record<string, unknown>[] }> {
-    return this.request("GET", "/v1/channels");
+    return this.call("GET", "/v1/channels");
   }
 
   /** `GET /v1/status`. */
   status(): Promise<Record<string, unknown>> {
-    return this.request("GET", "/v1/status");
+    return this.call("GET", "/v1/status");
   }
 
   /**

@@ -25,6 +25,8 @@ export interface DurableSubscriberHost {
   noteAcked(channel: string, count: number): void;
   /** Messages that had expired when this subscriber came to them, each counted once. */
   noteExpired(channel: string, count: number): void;
+  /** A consumer started (+1) or stopped (-1) watching the pattern: someone is there to answer a request. */
+  noteWatching?(pattern: string, delta: number): void;
 }
 
 /** Per-channel positions: the next seq to read on each channel. */
@@ -254,7 +256,11 @@ export class DurableSubscriber {
       attach();
       onChange();
     });
+    this.host.noteWatching?.(this.pattern, 1);
+    let watching = true;
     return () => {
+      if (watching) this.host.noteWatching?.(this.pattern, -1);
+      watching = false;
       offNew();
       for (const off of offs.values()) off();
       offs.clear();

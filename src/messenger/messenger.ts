@@ -5,10 +5,11 @@
  * (after fdatasync with the default `always`); subscribers are durable named
  * cursors that see every message at least once, in order per channel.
  */
-import { assertLabel, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
+import { assertLabel, decodeEnvelope, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
 import { buildEnvelope, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
-import { BufferFullError, ClosedError, InvalidArgumentError, KeyopError, TooLargeError } from "../errors.ts";
+import { BufferFullError, ClosedError, InvalidArgumentError, KeyopError, NoRequestError, NoRespondersError, TooLargeError } from "../errors.ts";
+import { Inboxes, isInbox, newInbox } from "./inbox.ts";
 import { Histogram, type LatencySummary } from "../observability/histogram.ts";
 import type { ChannelLog, LogHealth, RetentionPolicy } from "../store/channel-log.ts";
 import { type AppliedPolicy, ChannelPolicies } from "./channel-policy.ts";
@@ -30,6 +31,18 @@ export interface PublishOptions {
   ttlMs?: number;
   /** Protocol metadata stored with the message (MQTT 5 properties). */
   meta?: MessageMeta;
+}
+
+/** How `request` waits. */
+export interface RequestOptions extends PublishOptions {
+  /** How long to wait for the reply (default 5 s); the request expires then too. */
+  timeoutMs?: number;
+  /**
+   * Store the request even when nobody is attached to answer it now (a
+   * board that is offline): it waits in the log like any message, and the
+   * reply comes if it is answered within the timeout.
+   */
+  durable?: boolean;
 }
 
 /** What a durable publish returns. */
@@ -128,6 +141,16 @@ export class Messenger {
   private retentionTimer: ReturnType<typeof setInterval> | null = null;
   private state: "open" | "closing" | "closed" = "open";
   private readonly policies: ChannelPolicies;
+  /** Requests waiting for their reply. */
+  private readonly inboxes = new Inboxes();
+  /** Patterns with a consumer attached now (streams, MQTT, forwarders), with how many. */
+  private readonly watching = new Map<string, number>();
+  /**
+   * Where a reply goes whose inbox no request here waits on: federation,
+   * which sends it back towards the instance that asked. Returns whether it
+   * took the reply.
+   */
+  foreignReply: ((inbox: string, reply: Message, body: Uint8Array) => boolean) | undefined;
   /** Channels whose log is being cut back to their bound now. */
   private readonly trimming = new Set<string>();
   private closing: Promise<void> | null = null;
@@ -194,6 +217,11 @@ export class Messenger {
       noteExpired: (channel, count) => {
         this.countersOf(channel).expired += count;
       },
+      noteWatching: (pattern, delta) => {
+        const n = (this.watching.get(pattern) ?? 0) + delta;
+        if (n > 0) this.watching.set(pattern, n);
+        else this.watching.delete(pattern);
+      },
     };
   }
 
@@ -232,6 +260,7 @@ export class Messenger {
    * current `withContext`, else the messenger's default service name.
    */
   async publish(channel: string, type: string, payload: unknown, opts?: PublishOptions): Promise<PublishResult> {
+    if (isInbox(channel)) return this.deliverReply(channel, type, payload, opts);
     const { body, id, ts } = this.encode(channel, type, payload, opts);
     const t0 = performance.now();
     const open = this.logFor(channel);
@@ -250,6 +279,7 @@ export class Messenger {
    * is validated before anything is written; results are in entry order.
    */
   async publishBatch(entries: readonly BatchEntry[]): Promise<PublishResult[]> {
+    for (const e of entries) if (isInbox(e.channel)) throw new InvalidArgumentError(`a reply (to ${e.channel}) is sent on its own, not in a batch`);
     const encoded = entries.map((e) => this.encode(e.channel, e.type, e.payload, e.opts));
     const t0 = performance.now();
     const logs = await Promise.all(entries.map((e) => this.logFor(e.channel)));
@@ -277,6 +307,7 @@ export class Messenger {
   async ingest(channel: string, bodies: readonly Uint8Array[]): Promise<number[]> {
     if (this.state !== "open") throw new ClosedError();
     assertChannel(channel);
+    if (isInbox(channel)) throw new InvalidArgumentError(`${channel} is an inbox: replies are not stored`);
     for (const b of bodies) {
       if (b.length > this.cfg.maxMessageBytes) throw new TooLargeError(`forwarded message of ${b.length} bytes exceeds the limit of ${this.cfg.maxMessageBytes}`);
     }
@@ -290,6 +321,83 @@ export class Messenger {
     this.countersOf(channel).published += bodies.length;
     if (!this.policies.empty) this.trimIfOver(log);
     return seqs;
+  }
+
+  /**
+   * Publishes a request on `channel` and resolves with its reply. The
+   * request carries `reply_to` (an inbox) and expires with the wait; whoever
+   * gets it (a handler, a stream, an MQTT client, a board over a link)
+   * answers with `reply`. Rejects with `NoRespondersError` at once when
+   * nobody is attached to the channel (unless `durable`), and with
+   * `RequestTimeoutError` when no reply came in time.
+   */
+  async request(channel: string, type: string, payload: unknown, opts: RequestOptions = {}): Promise<Message> {
+    if (this.state !== "open") throw new ClosedError();
+    const timeoutMs = opts.timeoutMs ?? 5000;
+    if (!(Number.isSafeInteger(timeoutMs) && timeoutMs > 0)) throw new InvalidArgumentError("timeoutMs must be a positive integer");
+    assertChannel(channel);
+    if (isInbox(channel)) throw new InvalidArgumentError("a request cannot be sent to an inbox");
+    if (!opts.durable && !this.hasConsumers(channel)) throw new NoRespondersError(`nobody is attached to answer a request on ${channel}`);
+    const inbox = newInbox();
+    const reply = this.inboxes.wait(inbox, timeoutMs, channel);
+    const { timeoutMs: _t, durable: _d, ...publish } = opts;
+    try {
+      await this.publish(channel, type, payload, { ...publish, meta: { ...opts.meta, replyTo: inbox, expires: opts.meta?.expires ?? Date.now() + timeoutMs } });
+    } catch (err) {
+      this.inboxes.fail(inbox, err);
+    }
+    return reply;
+  }
+
+  /**
+   * Answers `request` (a message that carries `reply_to`): the reply goes
+   * to the one request waiting on that inbox, here or, through federation,
+   * on the instance that asked; it is never stored. Throws
+   * `NoRequestError` when no request waits on it any more.
+   */
+  reply(request: Message, type: string, payload: unknown, opts: PublishOptions = {}): Promise<PublishResult> {
+    if (!request.replyTo) throw new InvalidArgumentError(`message ${request.id} carries no reply_to: it is not a request`);
+    return this.publish(request.replyTo, type, payload, { ...opts, correlationId: request.id });
+  }
+
+  /**
+   * Answers requests on `pattern` with what `handler` returns (of type
+   * `opts.type`, default "reply"); messages that are not requests are
+   * handed to it too, its result ignored. A durable subscriber (`opts.name`,
+   * default "responder"), so requests stored while it was away are answered
+   * once it is back, if they have not expired.
+   */
+  respond<T = unknown>(pattern: string, handler: (msg: Message<T>) => unknown, opts: { name?: string; type?: string } = {}): Promise<Subscription> {
+    return this.subscribe<T>(
+      pattern,
+      opts.name ?? "responder",
+      async (msg) => {
+        const out = await handler(msg);
+        if (!msg.replyTo || out === undefined) return;
+        await this.reply(msg, opts.type ?? "reply", out).catch((err) => {
+          // The requester gave up (timed out) or is gone: nothing to retry.
+          if (err instanceof KeyopError && err.code === "no_request") return;
+          throw err;
+        });
+      },
+      { from: "latest" },
+    );
+  }
+
+  /** Whether anyone is attached to get a message on `channel` now: a handler, or a reader (stream, MQTT client, link). */
+  hasConsumers(channel: string): boolean {
+    for (const sub of this.subs.values()) if (this.matcher(sub.pattern)(channel)) return true;
+    for (const pattern of this.watching.keys()) if (this.matcher(pattern)(channel)) return true;
+    return false;
+  }
+
+  private async deliverReply(inbox: string, type: string, payload: unknown, opts?: PublishOptions): Promise<PublishResult> {
+    const { body, id, ts } = this.encode(inbox, type, payload, opts);
+    const msg = decodeEnvelope(body, 0);
+    if (!this.inboxes.deliver(inbox, msg) && !this.foreignReply?.(inbox, msg, body)) {
+      throw new NoRequestError(`no request waits on ${inbox} (it timed out, or was answered)`);
+    }
+    return { id, seq: 0, channel: inbox, ts };
   }
 
   /** The `channels` entry that applies to `channel` (TTL, bound, full policy). */
@@ -645,6 +753,7 @@ export class Messenger {
 
   private async doClose(): Promise<void> {
     if (this.retentionTimer) clearInterval(this.retentionTimer);
+    this.inboxes.failAll(new ClosedError());
     const subs = [...this.subs.values()];
     this.subs.clear();
     await Promise.all(subs.map((s) => s.stop()));
