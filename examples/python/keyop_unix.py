@@ -74,3 +74,16 @@ def stream(path_socket, channel, subscriber, start="latest", max_inflight=10):
                 yield json.loads(line)
     finally:
         conn.close()
+
+
+def request(conn, channel, type_, payload, timeout_ms=5000, durable=False):
+    """Sends a request and returns the reply's envelope; KeyopError no_responders (503) or timeout (504) otherwise."""
+    query = urlencode({"timeout_ms": timeout_ms, "durable": "true" if durable else "false"})
+    body = json.dumps({"type": type_, "payload": payload})
+    return call(conn, "POST", f"/v1/channels/{quote(channel, safe='')}/requests?{query}", body)
+
+
+def reply(conn, request_msg, type_, payload):
+    """Answers a request (an envelope with reply_to): the reply goes to its requester only and is not stored."""
+    msg = {"type": type_, "payload": payload, "correlation_id": request_msg["id"]}
+    return call(conn, "POST", f"/v1/channels/{quote(request_msg['reply_to'], safe='')}/messages", json.dumps(msg))

@@ -45,6 +45,27 @@ describe("examples in other languages", () => {
     await waitFor(async () => (await channelInfo("py.readings")).subscribers.find((s: any) => s.name === "py-reader")?.cursor === 26, "python acks applied");
   });
 
+  test("Python (stdlib only): a responder on a stream answers a request", async () => {
+    const responder = spawnLines(["python3", join(EXAMPLES, "python/responder.py"), "py.double", "py-doubler", "1"], env());
+    let r = await run(["python3", join(EXAMPLES, "python/request.py"), "py.double", "21"]);
+    // The responder's stream may not be attached yet: no_responders until it is.
+    await waitFor(
+      async () => {
+        if (r.code === 0 || !r.err.includes("no_responders")) return true;
+        r = await run(["python3", join(EXAMPLES, "python/request.py"), "py.double", "21"]);
+        return false;
+      },
+      "the python responder attached",
+      10_000,
+      50,
+    );
+    expect(r.err).toBe("");
+    expect(r.code).toBe(0);
+    const reply = JSON.parse(r.out);
+    expect(reply).toMatchObject({ type: "doubled", payload: { doubled: 42 } });
+    expect(await responder.proc.exited).toBe(0);
+  });
+
   test("shell: publish, pull and ack with curl --unix-socket", async () => {
     const r = await run(["sh", join(EXAMPLES, "shell/pubsub.sh"), "sh.events", "sh-reader"]);
     expect(r.err).toBe("");

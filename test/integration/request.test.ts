@@ -5,15 +5,22 @@
  */
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { ApiError, LocalClient } from "../../src/client/local-client.ts";
-import { BUN, MAIN, spawnLines, tmpDir, waitFor, type LineChild } from "../helpers.ts";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import mqtt from "mqtt";
+import { BUN, freePort, MAIN, spawnLines, tmpDir, waitFor, type LineChild } from "../helpers.ts";
 import { cli, runAgent, type AgentProc } from "./agent-process.ts";
 
 let agent: AgentProc;
 let client: LocalClient;
 const children: LineChild[] = [];
+const mqttPort = freePort();
 
 beforeAll(async () => {
-  agent = await runAgent(tmpDir());
+  const dir = tmpDir();
+  const cfg = join(dir, "agent.yaml");
+  writeFileSync(cfg, `mqtt:\n  listen: 127.0.0.1:${mqttPort}\n`);
+  agent = await runAgent(dir, ["--config", cfg]);
   client = new LocalClient({ socket: agent.socket });
 });
 
@@ -125,4 +132,20 @@ describe("request/reply through the agent", () => {
     expect(none.code).toBe(1);
     expect(none.err).toContain("no_responders");
   }, 30_000);
+
+  test("an MQTT 5 client answers on the response topic it was given; the reply reaches the requester", async () => {
+    const c = await mqtt.connectAsync(`mqtt://127.0.0.1:${mqttPort}`, { protocolVersion: 5, clean: true });
+    c.on("message", (_topic, payload, packet) => {
+      const props = packet.properties ?? {};
+      if (!props.responseTopic) return;
+      const asked = JSON.parse(payload.toString()) as { n: number };
+      void c.publishAsync(props.responseTopic, JSON.stringify({ tripled: asked.n * 3 }), { qos: 1, properties: { correlationData: props.correlationData } });
+    });
+    await c.subscribeAsync("svc/mqtt", { qos: 1 });
+    const reply = await once(() => client.request("svc.mqtt", "ask", { n: 5 }, { timeoutMs: 3000 }));
+    // MQTT payloads arrive as the bytes the client sent.
+    const text = typeof reply.payload === "string" ? reply.payload : new TextDecoder().decode(reply.payload as Uint8Array);
+    expect(JSON.parse(text)).toEqual({ tripled: 15 });
+    await c.endAsync();
+  });
 });
