@@ -42,6 +42,9 @@ export interface EnvelopeView {
   qos: number;
   /** When it expires, epoch ms (0: never). */
   expires: number;
+  /** Byte range of the reply_to string's content (-1: not a request). */
+  replyToStart: number;
+  replyToEnd: number;
 }
 
 /** Deepest nesting accepted inside a payload (arrays and maps). */
@@ -65,8 +68,10 @@ const QOS = 7;
 const META = ["expires", "content_type", "reply_to", "correlation_data", "headers", "utf8", "retain"].map((k) => new TextEncoder().encode(k));
 /** What `key()` returns for one of META. */
 const META_KEY = -2;
-/** What `key()` returns for `expires`, the one META key the scan reads (readers skip what expired). */
+/** What `key()` returns for `expires`, a META key the scan reads (readers skip what expired). */
 const EXPIRES_KEY = -3;
+/** What `key()` returns for `reply_to`, a META key the scan reads (federation routes replies by it). */
+const REPLY_TO_KEY = -4;
 
 class Scanner {
   pos = 0;
@@ -128,7 +133,7 @@ class Scanner {
     const k = this.find(KEYS, start, n);
     if (k >= 0) return k;
     const m = this.find(META, start, n);
-    return m === 0 ? EXPIRES_KEY : m > 0 ? META_KEY : -1;
+    return m === 0 ? EXPIRES_KEY : m === 2 ? REPLY_TO_KEY : m > 0 ? META_KEY : -1;
   }
 
   private find(keys: Uint8Array[], start: number, n: number): number {
@@ -252,6 +257,8 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
     publisherEnd: -1,
     qos: -1,
     expires: 0,
+    replyToStart: -1,
+    replyToEnd: -1,
   };
   let seen = 0;
   for (let i = 0; i < n; i++) {
@@ -296,6 +303,17 @@ export function scanEnvelope(body: Uint8Array): EnvelopeView {
       v.payloadStart = s.pos;
       s.skip(1);
       v.payloadEnd = s.pos;
+    } else if (key === REPLY_TO_KEY) {
+      v.hasMeta = true;
+      const at = s.pos;
+      s.skip(1);
+      const r = new Scanner(body);
+      r.pos = at;
+      const n = r.strLen();
+      if (n >= 0) {
+        v.replyToStart = r.pos;
+        v.replyToEnd = r.pos + n;
+      }
     } else if (key === EXPIRES_KEY) {
       v.hasMeta = true;
       const at = s.pos;
@@ -325,6 +343,11 @@ function timeValue(b: Uint8Array, at: number): number {
   else if (t === 0xca) v = dv.getFloat32(0);
   else if (t === 0xd2) v = dv.getInt32(0);
   return Number.isFinite(v) && v > 0 ? v : 0;
+}
+
+/** The request's reply_to (its inbox), or undefined for a message that is not a request. */
+export function envelopeReplyTo(body: Uint8Array, v: EnvelopeView): string | undefined {
+  return v.replyToStart < 0 ? undefined : new TextDecoder().decode(body.subarray(v.replyToStart, v.replyToEnd));
 }
 
 /** Whether the envelope has expired at `now` (epoch ms). */

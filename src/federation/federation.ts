@@ -26,6 +26,8 @@ import { splitHostPort } from "./redial.ts";
 import { codecsFor } from "./compression.ts";
 import { compilePriorities, DEFAULT_PRIORITY } from "./priority.ts";
 import { OldestTimes, withAges } from "./health.ts";
+import { ReplyRoutes } from "./reply-routes.ts";
+import { replyFrame, type Reply } from "./messages.ts";
 
 /** The parts of the agent's configuration federation runs on. */
 export type FederationConfig = Pick<AgentConfig, "hub" | "links" | "federation" | "dedup" | "audit">;
@@ -78,6 +80,8 @@ export class Federation implements LinkDialer {
   private readonly oldest = new OldestTimes();
   /** Sessions the stall watchdog ended, per hub peer. */
   private readonly peerStalls = new Map<string, number>();
+  /** Where replies to requests that crossed this instance go, and whom they may come from. */
+  private readonly replies = new ReplyRoutes();
 
   /** `tier`: a hub tier's engine (JetStream) instead of the log, for what peers send and receive. */
   constructor(messenger: Messenger, cfg: FederationConfig, material: TlsMaterial, logger: Logger, tier?: HubTier) {
@@ -159,8 +163,38 @@ export class Federation implements LinkDialer {
     }
   }
 
+  /**
+   * A reply from peer `s`: taken only if the request went to that peer. It
+   * goes to the request waiting here, or on back towards its requester.
+   */
+  private takeReply(s: PeerSession, r: Reply): void {
+    if (!this.replies.accepts(r.inbox, s.peer.name)) {
+      this.audit?.record("policy_violation", { peer: s.peer.name, channel: r.inbox, reason: "a reply to a request that was not sent to this peer (or has expired)" });
+      return;
+    }
+    if (!this.messenger.deliverForeignReply(r.inbox, r.body) && !this.sendBack(r.inbox, r.body)) {
+      this.logger.info("a reply found no request waiting (it timed out, or its way back is down)", { peer: s.peer.name, inbox: r.inbox });
+    }
+    this.replies.done(r.inbox);
+  }
+
+  /** Sends a reply towards the peer its request came from; false when there is none or it is not connected. */
+  private sendBack(inbox: string, body: Uint8Array): boolean {
+    const back = this.replies.backTo(inbox);
+    if (back === undefined) return false;
+    for (const s of this.parts.keys()) {
+      if (s.peer.name !== back || s.state !== "open") continue;
+      this.replies.done(inbox);
+      s.send(replyFrame({ inbox, body }));
+      return true;
+    }
+    return false;
+  }
+
   /** Starts the hub listener and every link. */
   start(): void {
+    // A reply published here to a request that came over a link goes back over it.
+    this.messenger.foreignReply = (inbox, _msg, body) => this.sendBack(inbox, body);
     this.holdNeverConnected();
     this.cleanupTimer = setInterval(
       () => void this.cleanupPeerCursors().catch((err) => this.logger.error("peer cursor clean-up failed (tried again at the next pass)", { error: String(err) })),
@@ -238,6 +272,7 @@ export class Federation implements LinkDialer {
         window: this.cfg.federation.window,
         maxBatchBytes: this.cfg.federation.maxBatchBytes,
         logger: this.logger,
+        onRequest: (inbox, expires) => this.replies.sent(inbox, s.peer.name, expires),
         stallMs: this.cfg.federation.stallHeartbeats * (s.welcome?.heartbeatMs ?? this.cfg.federation.heartbeatMs),
         ...shape,
         onStall: () => {
@@ -253,10 +288,11 @@ export class Federation implements LinkDialer {
     return f;
   }
 
-  private common(): Pick<SessionEvents, "onBatch" | "onAck" | "onClose"> {
+  private common(): Pick<SessionEvents, "onBatch" | "onAck" | "onClose" | "onReply"> {
     return {
       onBatch: (s, b) => this.parts.get(s)?.receiver.handle(s, b),
       onAck: (s, a) => this.parts.get(s)?.forwarder?.onAck(a),
+      onReply: (s, r) => this.takeReply(s, r),
       onClose: (s, reason) => {
         const parts = this.parts.get(s);
         parts?.forwarder?.stop();
@@ -275,7 +311,17 @@ export class Federation implements LinkDialer {
         // Nothing could be acknowledged: the peer keeps its backlog and comes back (not fatal).
         const down = this.hubStore?.unavailable();
         if (down) return { refuse: `the hub's store is unavailable: ${down}`, code: "unavailable" };
-        this.parts.set(s, { receiver: new Receiver({ sink: this.hubSink, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit, allow: peer.publish }) });
+        this.parts.set(s, {
+          receiver: new Receiver({
+            sink: this.hubSink,
+            self: this.messenger.name,
+            dedup: this.dedup,
+            logger: this.logger,
+            audit: this.audit,
+            allow: peer.publish,
+            onRequest: (inbox, expires) => this.replies.received(inbox, s.peer.name, expires),
+          }),
+        });
         return {
           version: PROTOCOL_VERSION,
           name: this.messenger.name,
@@ -310,7 +356,14 @@ export class Federation implements LinkDialer {
       onOpen: (s) => {
         this.takeOverHold(link, s.peer.name);
         this.parts.set(s, {
-          receiver: new Receiver({ sink: this.localSink, self: this.messenger.name, dedup: this.dedup, logger: this.logger, audit: this.audit }),
+          receiver: new Receiver({
+            sink: this.localSink,
+            self: this.messenger.name,
+            dedup: this.dedup,
+            logger: this.logger,
+            audit: this.audit,
+            onRequest: (inbox, expires) => this.replies.received(inbox, s.peer.name, expires),
+          }),
           forwarder: this.forwarder(s, link.publish, link.start, undefined, "durable", {
             laneOf: compilePriorities(link.publishLanes),
             maxBytesPerS: link.maxBytesPerS,
@@ -453,6 +506,7 @@ export class Federation implements LinkDialer {
   /** Stops links and the listener, closing every session. */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.messenger.foreignReply = undefined;
     if (this.cleanupTimer) clearInterval(this.cleanupTimer);
     for (const l of this.runners) l.stop();
     for (const [s, parts] of [...this.parts]) {

@@ -5,7 +5,7 @@
  * stored records as they are stored, keeps at most `window` unacknowledged,
  * and moves the persisted cursor only when the peer's ACK arrives.
  */
-import { routeIncludes, utf8Bytes } from "../envelope/scan.ts";
+import { envelopeReplyTo, routeIncludes, utf8Bytes } from "../envelope/scan.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import { CursorReader, type Delivery, STORED } from "../messenger/cursor-reader.ts";
 import type { DurableSubscriber, StoredEnvelope } from "../messenger/durable-subscriber.ts";
@@ -49,6 +49,8 @@ export interface ForwarderOptions {
   stallMs?: number;
   /** Called when the watchdog ends the session. */
   onStall?: () => void;
+  /** Told of each request sent (a record with reply_to): its inbox and when it expires. */
+  onRequest?: (inbox: string, expires: number) => void;
 }
 
 /**
@@ -208,6 +210,7 @@ export class Forwarder implements Sender {
           reader.ack(d);
           continue;
         }
+        if (this.opts.onRequest) for (const r of toSend) if (r.view.replyToStart >= 0) this.opts.onRequest(envelopeReplyTo(r.body, r.view)!, r.view.expires);
         const batch = this.nextBatch++;
         if (this.inflight.size === 0) this.lastProgress = performance.now();
         this.inflight.set(batch, { reader, delivery: d });

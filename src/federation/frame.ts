@@ -36,6 +36,8 @@ export const FrameType = {
   CLOSE: 7,
   /** A BATCH compressed with the codec agreed in HELLO/WELCOME (compression.ts). */
   COMPRESSED: 8,
+  /** A reply to a request that crossed the link, going back towards its requester (not stored, not acknowledged). */
+  REPLY: 9,
 } as const;
 /** A frame type number. */
 export type FrameTypeId = (typeof FrameType)[keyof typeof FrameType];

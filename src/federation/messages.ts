@@ -354,6 +354,27 @@ export function parseAck(f: Frame): Ack {
   return { batch: int(b, "n", 1), channel: channel(b, "c"), upto: int(b, "u", 1) };
 }
 
+/** A reply on its way back to the requester: the request's inbox and the reply's envelope. */
+export interface Reply {
+  inbox: string;
+  body: Uint8Array;
+}
+
+/** Encodes a REPLY frame. */
+export function replyFrame(r: Reply): Uint8Array {
+  return encodeFrame(FrameType.REPLY, { i: r.inbox, r: r.body });
+}
+
+/** Validates a REPLY: an inbox channel and a non-empty envelope. */
+export function parseReply(f: Frame): Reply {
+  const b = expectType(f, FrameType.REPLY, "REPLY");
+  const inbox = channel(b, "i");
+  if (!inbox.startsWith("_inbox.")) throw new FrameError('field "i" must be an inbox (_inbox.<id>)');
+  const body = b.r;
+  if (!(body instanceof Uint8Array) || body.length === 0) throw new FrameError('field "r" must hold the reply envelope');
+  return { inbox, body };
+}
+
 /** Encodes a PING or PONG frame. */
 export function pingFrame(p: Ping): Uint8Array {
   return encodeFrame(FrameType.PING, { t: p.t });

@@ -6,7 +6,7 @@
  * then ACKs. Records dropped on purpose are audited and still acknowledged,
  * so a bad sender cannot stall a link.
  */
-import { channelIs, envelopeChannel, envelopeId, routeEntry, routeIncludes, routeNames, scanEnvelope, utf8Bytes, withRoute, type EnvelopeView } from "../envelope/scan.ts";
+import { channelIs, envelopeChannel, envelopeId, envelopeReplyTo, routeEntry, routeIncludes, routeNames, scanEnvelope, utf8Bytes, withRoute, type EnvelopeView } from "../envelope/scan.ts";
 import { KeyopError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { AuditLog } from "./audit.ts";
@@ -28,6 +28,8 @@ export interface ReceiverOptions {
   allow?: (channel: string) => boolean;
   /** How long an ACK the sender let wait may be held to go out with later ones (default ACK_HOLD_MS). */
   ackHoldMs?: number;
+  /** Told of each request stored (a record with reply_to): its inbox and when it expires. */
+  onRequest?: (inbox: string, expires: number) => void;
 }
 
 /**
@@ -186,6 +188,7 @@ export class Receiver {
       }
       keep.push({ view: msg, body, id });
       keepIds.add(id);
+      if (msg.replyToStart >= 0) this.opts.onRequest?.(envelopeReplyTo(body, msg)!, msg.expires);
     }
     if (keep.length === 0) return true;
     const entry = routeEntry(self);

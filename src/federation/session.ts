@@ -22,6 +22,7 @@ import {
   parseClose,
   parseHello,
   parsePing,
+  parseReply,
   parseWelcome,
   pingFrame,
   pongFrame,
@@ -29,6 +30,7 @@ import {
   type Ack,
   type Batch,
   type Hello,
+  type Reply,
   type Welcome,
 } from "./messages.ts";
 
@@ -67,6 +69,7 @@ export interface SessionEvents {
   onOpen?(s: PeerSession): void;
   onBatch?(s: PeerSession, batch: Batch): void;
   onAck?(s: PeerSession, ack: Ack): void;
+  onReply?(s: PeerSession, reply: Reply): void;
   /** Both: the session ended (any reason); called once. */
   onClose?(s: PeerSession, reason: string): void;
 }
@@ -219,6 +222,9 @@ export class PeerSession {
       }
       case FrameType.ACK:
         this.events.onAck?.(this, parseAck(f));
+        return;
+      case FrameType.REPLY:
+        this.events.onReply?.(this, parseReply(f));
         return;
       default:
         throw new FrameError(`unexpected ${frameTypeName(f.type)} after the handshake`);

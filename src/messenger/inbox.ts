@@ -43,13 +43,15 @@ export class Inboxes {
     });
   }
 
+  /** Whether a request waits on `inbox` here. */
+  waits(inbox: string): boolean {
+    return this.waiting.has(inbox);
+  }
+
   /** Hands `reply` to the request waiting on `inbox`; false when none waits. */
   deliver(inbox: string, reply: Message): boolean {
     const w = this.waiting.get(inbox);
-    if (!w) {
-      this.dropped++;
-      return false;
-    }
+    if (!w) return false;
     this.waiting.delete(inbox);
     clearTimeout(w.timer);
     w.resolve(reply);

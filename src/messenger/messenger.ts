@@ -391,10 +391,28 @@ export class Messenger {
     return false;
   }
 
+  /**
+   * A reply that came over a link for `inbox`: handed to the request that
+   * waits here. False when none waits (the caller may send it on), or when
+   * the bytes are not a reply to that inbox.
+   */
+  deliverForeignReply(inbox: string, body: Uint8Array): boolean {
+    let msg: Message;
+    try {
+      msg = decodeEnvelope(body, 0);
+    } catch {
+      return false;
+    }
+    if (msg.channel !== inbox) return false;
+    return this.inboxes.waits(inbox) && this.inboxes.deliver(inbox, msg);
+  }
+
   private async deliverReply(inbox: string, type: string, payload: unknown, opts?: PublishOptions): Promise<PublishResult> {
     const { body, id, ts } = this.encode(inbox, type, payload, opts);
     const msg = decodeEnvelope(body, 0);
-    if (!this.inboxes.deliver(inbox, msg) && !this.foreignReply?.(inbox, msg, body)) {
+    const here = this.inboxes.waits(inbox) && this.inboxes.deliver(inbox, msg);
+    if (!here && !this.foreignReply?.(inbox, msg, body)) {
+      this.inboxes.dropped++;
       throw new NoRequestError(`no request waits on ${inbox} (it timed out, or was answered)`);
     }
     return { id, seq: 0, channel: inbox, ts };

@@ -1,0 +1,87 @@
+/**
+ * Request/reply across federation with real `keyop run` processes: a
+ * service on the hub asks a board; the reply travels back over the link
+ * to exactly the requester, is never stored, and fails fast or in time
+ * when the board cannot answer.
+ */
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { ApiError, LocalClient } from "../../src/client/local-client.ts";
+import { freePort, tmpDir, waitFor } from "../helpers.ts";
+import { fleet, runAgent, type AgentProc } from "./agent-process.ts";
+
+let dir: string;
+let hub: AgentProc;
+let board: AgentProc;
+let boardCfg: string;
+let hubClient: LocalClient;
+
+const linkOpen = async (a: AgentProc) => ((await (await fetch("http://k/v1/status", { unix: a.socket } as RequestInit)).json()) as any).links[0]?.state === "open";
+const peerOpen = async () => ((await (await fetch("http://k/v1/status", { unix: hub.socket } as RequestInit)).json()) as any).links.some((l: any) => l.peer === "board" && l.state === "open");
+
+beforeAll(async () => {
+  dir = tmpDir();
+  const tls = await fleet(dir, ["hub", "board"]);
+  const port = freePort();
+  const fed = "federation:\n  heartbeat_ms: 1s\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n";
+  const hubCfg = join(dir, "hub.yaml");
+  writeFileSync(hubCfg, `${tls("hub")}${fed}audit:\n  path: ${dir}/hub-audit.log\nhub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - {name: board, publish: ["t.>"], subscribe: ["cmd.board.>"]}\n`);
+  boardCfg = join(dir, "board.yaml");
+  writeFileSync(boardCfg, `${tls("board")}${fed}links:\n  - hub: 127.0.0.1:${port}\n    publish: ["t.>"]\n    subscribe: ["cmd.board.>"]\n`);
+  hub = await runAgent(join(dir, "hub"), ["--config", hubCfg]);
+  board = await runAgent(join(dir, "board"), ["--config", boardCfg]);
+  hubClient = new LocalClient({ socket: hub.socket });
+  await waitFor(() => linkOpen(board), "the board's link open", 20_000, 50);
+}, 60_000);
+
+afterAll(async () => {
+  for (const a of [board, hub]) {
+    a?.child.proc.kill("SIGTERM");
+    await a?.child.proc.exited;
+  }
+});
+
+/** A responder on the board: LocalClient on a stream, answering with the command it got. */
+function responder(a: AgentProc) {
+  const c = new LocalClient({ socket: a.socket });
+  return c.subscribe("cmd.board.>", "agent", async (msg) => {
+    if (msg.replyTo) await c.reply(msg, "done", { did: msg.channel, with: msg.payload });
+  });
+}
+
+describe("request/reply across a link", () => {
+  test("hub -> board -> hub: the reply reaches the requester, from the board, with the request's id; nothing of it is stored", async () => {
+    const sub = responder(board);
+    const reply = await hubClient.request("cmd.board.reboot", "cmd", { delay_s: 5 }, { timeoutMs: 5000 });
+    expect(reply).toMatchObject({ type: "done", origin: "board", payload: { did: "cmd.board.reboot", with: { delay_s: 5 } } });
+    const asked = await hubClient.pull("cmd.board.reboot", "audit", { from: "earliest", max: 1 });
+    expect(reply.correlationId).toBe(asked[0]!.id);
+    for (const a of [hub, board]) {
+      const ch = ((await (await fetch("http://k/v1/channels", { unix: a.socket } as RequestInit)).json()) as any).channels.map((c: any) => c.channel);
+      expect(ch.some((c: string) => c.startsWith("_inbox"))).toBe(false);
+    }
+    sub.stop();
+    await sub.done;
+  }, 30_000);
+
+  test("a board whose responder is gone: timeout; a board that is offline: no_responders at once; durable: answered once it is back", async () => {
+    const err = await hubClient.request("cmd.board.reboot", "cmd", {}, { timeoutMs: 500 }).catch((e) => e);
+    expect(err).toBeInstanceOf(ApiError);
+    expect(err.code).toBe("timeout");
+    board.child.proc.kill("SIGTERM");
+    await board.child.proc.exited;
+    await waitFor(async () => !(await peerOpen()), "the hub sees the board gone", 10_000, 50);
+    const t0 = performance.now();
+    const none = await hubClient.request("cmd.board.reboot", "cmd", {}, { timeoutMs: 5000 }).catch((e) => e);
+    expect(none.code).toBe("no_responders");
+    expect(performance.now() - t0).toBeLessThan(1000);
+    const later = hubClient.request("cmd.board.update", "cmd", { v: 2 }, { timeoutMs: 20_000, durable: true });
+    board = await runAgent(join(dir, "board"), ["--config", boardCfg]);
+    const sub = responder(board);
+    const reply = await later;
+    expect(reply.payload).toEqual({ did: "cmd.board.update", with: { v: 2 } });
+    sub.stop();
+    await sub.done;
+  }, 60_000);
+});
