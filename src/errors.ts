@@ -125,6 +125,13 @@ export class NoRespondersError extends KeyopError {
   }
 }
 
+/** A request whose way to its responders is down (the link that carries the channel is not connected). */
+export class RouteDownError extends KeyopError {
+  constructor(message: string) {
+    super("unreachable", message);
+  }
+}
+
 /** A reply to an inbox no request waits on (it timed out, or was answered already). */
 export class NoRequestError extends KeyopError {
   constructor(message: string) {

@@ -4,7 +4,7 @@
  * side sends) and a Receiver (what it stores), over mutual TLS. Links
  * reconnect with exponential backoff and jitter (docs/protocol.md).
  */
-import { compileRules, type Matcher } from "../envelope/names.ts";
+import { compilePattern, compileRules, type Matcher } from "../envelope/names.ts";
 import type { AgentConfig, LinkConfig, PeerConfig } from "../config/schema.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
@@ -195,6 +195,14 @@ export class Federation implements LinkDialer {
   start(): void {
     // A reply published here to a request that came over a link goes back over it.
     this.messenger.foreignReply = (inbox, _msg, body) => this.sendBack(inbox, body);
+    // A request that only a link would carry, while that link is down: unreachable, not "nobody".
+    this.messenger.routeDown = (channel) => {
+      for (const r of this.runners) {
+        if (r.currentSession?.state === "open" || !r.config.publish.some((p) => compilePattern(p)(channel))) continue;
+        return `the link to ${r.address} is ${r.info().state}${r.info().lastError ? ` (${r.info().lastError})` : ""}`;
+      }
+      return undefined;
+    };
     this.holdNeverConnected();
     this.cleanupTimer = setInterval(
       () => void this.cleanupPeerCursors().catch((err) => this.logger.error("peer cursor clean-up failed (tried again at the next pass)", { error: String(err) })),
@@ -507,6 +515,7 @@ export class Federation implements LinkDialer {
   async stop(): Promise<void> {
     this.stopped = true;
     this.messenger.foreignReply = undefined;
+    this.messenger.routeDown = undefined;
     if (this.cleanupTimer) clearInterval(this.cleanupTimer);
     for (const l of this.runners) l.stop();
     for (const [s, parts] of [...this.parts]) {

@@ -8,7 +8,7 @@
 import { assertLabel, decodeEnvelope, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
 import { buildEnvelope, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
-import { BufferFullError, ClosedError, InvalidArgumentError, KeyopError, NoRequestError, NoRespondersError, TooLargeError } from "../errors.ts";
+import { BufferFullError, ClosedError, InvalidArgumentError, KeyopError, NoRequestError, NoRespondersError, RouteDownError, TooLargeError } from "../errors.ts";
 import { Inboxes, isInbox, newInbox } from "./inbox.ts";
 import { Histogram, type LatencySummary } from "../observability/histogram.ts";
 import type { ChannelLog, LogHealth, RetentionPolicy } from "../store/channel-log.ts";
@@ -151,6 +151,11 @@ export class Messenger {
    * took the reply.
    */
   foreignReply: ((inbox: string, reply: Message, body: Uint8Array) => boolean) | undefined;
+  /**
+   * Why a request on a channel nobody here is attached to cannot go on
+   * (federation: a link that would carry it is down), or undefined.
+   */
+  routeDown: ((channel: string) => string | undefined) | undefined;
   /** Channels whose log is being cut back to their bound now. */
   private readonly trimming = new Set<string>();
   private closing: Promise<void> | null = null;
@@ -337,7 +342,11 @@ export class Messenger {
     if (!(Number.isSafeInteger(timeoutMs) && timeoutMs > 0)) throw new InvalidArgumentError("timeoutMs must be a positive integer");
     assertChannel(channel);
     if (isInbox(channel)) throw new InvalidArgumentError("a request cannot be sent to an inbox");
-    if (!opts.durable && !this.hasConsumers(channel)) throw new NoRespondersError(`nobody is attached to answer a request on ${channel}`);
+    if (!opts.durable && !this.hasConsumers(channel)) {
+      const down = this.routeDown?.(channel);
+      if (down) throw new RouteDownError(`a request on ${channel} cannot reach its responders: ${down}`);
+      throw new NoRespondersError(`nobody is attached to answer a request on ${channel}`);
+    }
     const inbox = newInbox();
     const reply = this.inboxes.wait(inbox, timeoutMs, channel);
     const { timeoutMs: _t, durable: _d, ...publish } = opts;

@@ -84,4 +84,23 @@ describe("request/reply across a link", () => {
     sub.stop();
     await sub.done;
   }, 60_000);
+
+  test("board -> hub -> board: a service on the hub answers a board's request; with the hub gone the board says unreachable", async () => {
+    const sub = hubClient.subscribe("t.ask", "svc", async (msg) => {
+      if (msg.replyTo) await hubClient.reply(msg, "answer", { from: "hub", to: msg.origin });
+    });
+    const boardClient = new LocalClient({ socket: board.socket });
+    await waitFor(() => linkOpen(board), "the board's link open", 20_000, 50);
+    const reply = await boardClient.request("t.ask", "q", {}, { timeoutMs: 5000 });
+    expect(reply).toMatchObject({ type: "answer", origin: "hub", payload: { from: "hub", to: "board" } });
+    sub.stop();
+    await sub.done;
+    hub.child.proc.kill("SIGTERM");
+    await hub.child.proc.exited;
+    await waitFor(async () => !(await linkOpen(board)), "the board's link down", 10_000, 50);
+    const err = await boardClient.request("t.ask", "q", {}, { timeoutMs: 5000 }).catch((e) => e);
+    expect(err).toBeInstanceOf(ApiError);
+    expect(err.code).toBe("unreachable");
+    expect(err.status).toBe(503);
+  }, 60_000);
 });
