@@ -8,6 +8,8 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { ApiError, LocalClient } from "../../src/client/local-client.ts";
+import { encodeEnvelope } from "../../src/envelope/envelope.ts";
+import { helloFrame, replyFrame } from "../../src/federation/messages.ts";
 import { freePort, tmpDir, waitFor } from "../helpers.ts";
 import { fleet, runAgent, type AgentProc } from "./agent-process.ts";
 
@@ -16,17 +18,22 @@ let hub: AgentProc;
 let board: AgentProc;
 let boardCfg: string;
 let hubClient: LocalClient;
+let hubPort: number;
 
 const linkOpen = async (a: AgentProc) => ((await (await fetch("http://k/v1/status", { unix: a.socket } as RequestInit)).json()) as any).links[0]?.state === "open";
 const peerOpen = async () => ((await (await fetch("http://k/v1/status", { unix: hub.socket } as RequestInit)).json()) as any).links.some((l: any) => l.peer === "board" && l.state === "open");
 
 beforeAll(async () => {
   dir = tmpDir();
-  const tls = await fleet(dir, ["hub", "board"]);
+  const tls = await fleet(dir, ["hub", "board", "rogue"]);
   const port = freePort();
+  hubPort = port;
   const fed = "federation:\n  heartbeat_ms: 1s\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n";
   const hubCfg = join(dir, "hub.yaml");
-  writeFileSync(hubCfg, `${tls("hub")}${fed}audit:\n  path: ${dir}/hub-audit.log\nhub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - {name: board, publish: ["t.>"], subscribe: ["cmd.board.>"]}\n`);
+  writeFileSync(
+    hubCfg,
+    `${tls("hub")}${fed}audit:\n  path: ${dir}/hub-audit.log\nhub:\n  listen: 127.0.0.1:${port}\n  peers:\n    - {name: board, publish: ["t.>"], subscribe: ["cmd.board.>"]}\n    - {name: rogue, publish: [], subscribe: []}\n`,
+  );
   boardCfg = join(dir, "board.yaml");
   writeFileSync(boardCfg, `${tls("board")}${fed}links:\n  - hub: 127.0.0.1:${port}\n    publish: ["t.>"]\n    subscribe: ["cmd.board.>"]\n`);
   hub = await runAgent(join(dir, "hub"), ["--config", hubCfg]);
@@ -46,7 +53,31 @@ afterAll(async () => {
 function responder(a: AgentProc) {
   const c = new LocalClient({ socket: a.socket });
   return c.subscribe("cmd.board.>", "agent", async (msg) => {
-    if (msg.replyTo) await c.reply(msg, "done", { did: msg.channel, with: msg.payload });
+    if (!msg.replyTo) return;
+    // A request answered already, or whose requester gave up, is refused (no_request): done with it.
+    await c.reply(msg, "done", { did: msg.channel, with: msg.payload }).catch((err) => {
+      if (!(err instanceof ApiError && err.code === "no_request")) throw err;
+    });
+  });
+}
+
+/** A peer that speaks the protocol by hand: HELLO, then `frames`; resolves once they are written. */
+function rawPeer(name: string, frames: Uint8Array[]): Promise<{ close: () => void }> {
+  const pki = join(dir, "pki");
+  return new Promise((resolve, reject) => {
+    Bun.connect({
+      hostname: "127.0.0.1",
+      port: hubPort,
+      tls: { ca: Bun.file(join(pki, "ca.crt")), cert: Bun.file(join(pki, `${name}.crt`)), key: Bun.file(join(pki, `${name}.key`)), serverName: "127.0.0.1" },
+      socket: {
+        open: (sock) => {
+          sock.write(Buffer.concat([helloFrame({ versions: [1], name, mode: "link", publish: [], subscribe: [], heartbeatMs: 10_000, maxBatchBytes: 1 << 20 }), ...frames]));
+          resolve({ close: () => sock.end() });
+        },
+        data: () => {},
+        error: () => {},
+      },
+    }).catch(reject);
   });
 }
 
@@ -61,6 +92,29 @@ describe("request/reply across a link", () => {
       const ch = ((await (await fetch("http://k/v1/channels", { unix: a.socket } as RequestInit)).json()) as any).channels.map((c: any) => c.channel);
       expect(ch.some((c: string) => c.startsWith("_inbox"))).toBe(false);
     }
+    sub.stop();
+    await sub.done;
+  }, 30_000);
+
+  test("a peer can answer only a request it was sent: a forged reply from another peer is dropped and audited, the board's reply arrives", async () => {
+    const c = new LocalClient({ socket: board.socket });
+    // The board answers after a while, so that the forgery comes first.
+    const sub = c.subscribe("cmd.board.slow", "slow", async (msg) => {
+      await Bun.sleep(300);
+      if (msg.replyTo) await c.reply(msg, "done", "from the board");
+    });
+    const pending = hubClient.request("cmd.board.slow", "cmd", {}, { timeoutMs: 5000 });
+    const asked = (await waitFor(async () => (await hubClient.pull("cmd.board.slow", "probe", { from: "earliest", max: 1 }))[0], "the request in the hub's log"))!;
+    const forged = encodeEnvelope({ id: "forged-1", ts: Date.now(), channel: asked.replyTo!, origin: "rogue", type: "done", route: ["rogue"], payload: "forged" });
+    const rogue = await rawPeer("rogue", [replyFrame({ inbox: asked.replyTo!, body: forged })]);
+    const audit = async () =>
+      (await Bun.file(join(dir, "hub-audit.log")).text())
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l));
+    await waitFor(async () => (await audit()).some((e) => e.event === "policy_violation" && e.peer === "rogue"), "the forged reply audited", 10_000, 50);
+    expect((await pending).payload).toBe("from the board");
+    rogue.close();
     sub.stop();
     await sub.done;
   }, 30_000);
