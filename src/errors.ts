@@ -34,6 +34,7 @@ export type ErrorCode =
   | "unsupported_media_type"
   | "shutting_down"
   | "in_use"
+  | "conflict"
   | "peer_rejected"
   | "malformed_frame"
   | "conn_lost"
@@ -221,6 +222,13 @@ export class UnknownChannelError extends KeyopError {
 export class InUseError extends KeyopError {
   constructor(message: string) {
     super("in_use", message);
+  }
+}
+
+/** The request cannot be served as asked while something else holds the resource (a subscriber consumed another way). */
+export class ConflictError extends KeyopError {
+  constructor(message: string) {
+    super("conflict", message);
   }
 }
 

@@ -31,6 +31,7 @@ const STATUS: Partial<Record<ErrorCode, number>> = {
   closed: 503,
   shutting_down: 503,
   forbidden: 403,
+  conflict: 409,
 };
 
 /** A JSON response. */

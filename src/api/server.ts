@@ -19,7 +19,7 @@ import { handleRequest } from "./request.ts";
 import { boolParam, errorBody, errorResponse, fromParam, intParam, json, requiredParam, statusOf } from "./http.ts";
 import { handlePublish, type PublishLimits } from "./publish.ts";
 import { prepareSocketPath } from "../net/socket-file.ts";
-import { StreamRegistry, StreamSession, streamResponse, wsHandlers, type WsData } from "./stream.ts";
+import { DEFAULT_ACK_WAIT_MS, QueueStreamSession, type Stream, StreamRegistry, StreamSession, streamResponse, wsHandlers, type WsData } from "./stream.ts";
 import { handleAck, handleDeleteSubscriber, handlePull } from "./subscribers.ts";
 
 /** What the API server needs. */
@@ -185,10 +185,20 @@ export class ApiServer {
     const name = requiredParam(url, "subscriber");
     const maxInflight = intParam(url, "max_inflight", 100, 1, 100_000);
     const autoAck = boolParam(url, "auto_ack");
-    const sub = this.opts.messenger.openSubscriber(pattern, name, { from: fromParam(url) });
-    const session = new StreamSession(sub, { maxInflight, autoAck });
+    const queue = boolParam(url, "queue");
+    const key = url.searchParams.get("key") ?? undefined;
+    if (key !== undefined && !queue) throw new BadRequestError("key is for queue=true streams");
+    if (key === "") throw new BadRequestError("key must name a payload field");
+    const ackWait = intParam(url, "ack_wait_ms", DEFAULT_ACK_WAIT_MS, 0, 86_400_000);
+    const m = this.opts.messenger;
+    const sub = m.openSubscriber(pattern, name, { from: fromParam(url) });
+    this.streams.check(sub, queue, m.queues);
+    const session: Stream = queue
+      ? new QueueStreamSession(m.queues, sub, { maxInflight, autoAck, key, ackWaitMs: ackWait === 0 ? Number.POSITIVE_INFINITY : ackWait })
+      : new StreamSession(sub, { maxInflight, autoAck });
     if (req.headers.get("upgrade")?.toLowerCase() === "websocket") {
       if (server.upgrade(req, { data: { session, registry: this.streams, logger: this.opts.logger } })) return undefined;
+      session.close();
       throw new BadRequestError("websocket upgrade failed");
     }
     server.timeout(req, 0); // streams stay open; keep-alives flow every HEARTBEAT_MS

@@ -1,18 +1,25 @@
 /**
- * `GET /v1/channels/{channel}/stream?subscriber=NAME&from=&max_inflight=N&auto_ack=true`
+ * `GET /v1/channels/{channel}/stream?subscriber=NAME&from=&max_inflight=N&auto_ack=true&queue=true&key=F&ack_wait_ms=N`
  *
  * Push delivery of a durable subscriber over one of three transports on the
  * same path: NDJSON (default), SSE (`Accept: text/event-stream`) or a
  * WebSocket (upgrade; the client sends `{"ack":seq}`). At most
- * `max_inflight` messages are sent and not yet acked; a new stream starts
- * at the acked cursor, so whatever a dropped stream had not acked comes
- * again. One stream per subscriber: a new one replaces the old.
+ * `max_inflight` messages are sent and not yet acked.
+ *
+ * Without `queue`, a stream has the subscriber to itself: acks are
+ * cumulative, a new stream starts at the acked cursor (so whatever a dropped
+ * stream had not acked comes again) and replaces the old one. With
+ * `queue=true`, streams on one subscriber are members of its queue group:
+ * each message goes to one of them, is acked by itself, and goes to another
+ * member when its stream closes or `ack_wait_ms` passes without an ack.
  */
 import type { ServerWebSocket, WebSocketHandler } from "bun";
 import { envelopeJson } from "../envelope/json.ts";
 import type { Message } from "../envelope/envelope.ts";
-import { BadRequestError, KeyopError } from "../errors.ts";
+import { decodeEnvelope } from "../envelope/envelope.ts";
+import { BadRequestError, ConflictError, InvalidArgumentError, KeyopError, UnknownChannelError } from "../errors.ts";
 import { CursorReader, MESSAGES } from "../messenger/cursor-reader.ts";
+import type { QueueDelivery, QueueGroup, QueueGroups, QueueMember } from "../messenger/queue-group.ts";
 import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
 import { Window } from "../messenger/window.ts";
 import type { Logger } from "../observability/logger.ts";
@@ -20,6 +27,8 @@ import { ackChannel } from "./subscribers.ts";
 
 /** How often an idle stream sends a keep-alive (ms). */
 export const HEARTBEAT_MS = 15_000;
+/** How long a queue group member may hold a message unacked before it goes to another, by default (ms). */
+export const DEFAULT_ACK_WAIT_MS = 30_000;
 /** Most messages handed to the transport at once. */
 const BATCH = 256;
 
@@ -29,8 +38,26 @@ export interface StreamOptions {
   autoAck: boolean;
 }
 
-/** The delivery state of one open stream: a cursor reader whose window counts messages. */
-export class StreamSession {
+/** What the transports need of a stream, whichever kind. */
+export interface Stream {
+  readonly sub: DurableSubscriber;
+  /** A member of the subscriber's queue group, not its only consumer. */
+  readonly queue: boolean;
+  readonly closed: boolean;
+  close(): void;
+  /** The next messages to send; [] after `idleMs` with nothing (send a keep-alive); null once closed. */
+  next(idleMs?: number): Promise<Message[] | null>;
+  /** The client acked `seq` (on `channel`); returns the subscriber's cursor on that channel. */
+  ack(seq: unknown, channel?: unknown): number;
+}
+
+function checkSeq(seq: unknown): asserts seq is number {
+  if (typeof seq !== "number" || !Number.isInteger(seq) || seq < 0) throw new BadRequestError('"ack" must be a non-negative integer seq');
+}
+
+/** The delivery state of one exclusive stream: a cursor reader whose window counts messages. */
+export class StreamSession implements Stream {
+  readonly queue = false;
   readonly sub: DurableSubscriber;
   private readonly reader: CursorReader<Message>;
   private readonly autoAck: boolean;
@@ -74,44 +101,196 @@ export class StreamSession {
 
   /** Acks `seq` on `channel` (the stream's channel when it is not a pattern), cumulatively. */
   ack(seq: unknown, channel?: unknown): number {
-    if (typeof seq !== "number" || !Number.isInteger(seq) || seq < 0) throw new BadRequestError('"ack" must be a non-negative integer seq');
+    checkSeq(seq);
     return this.reader.ackThrough(ackChannel(this.sub, channel), seq);
   }
 }
 
-/** Active streams, one per subscriber: opening a second closes the first. */
-export class StreamRegistry {
-  private readonly active = new Map<string, StreamSession>();
+/** Options of a queue group member stream. */
+export interface QueueStreamOptions extends StreamOptions {
+  /** A payload field: messages with the same value go to the same member while it lives. */
+  key?: string;
+  /** How long a message may go unacked before it goes to another member (ms; Infinity: never). */
+  ackWaitMs: number;
+}
 
-  /** Registers `s`, closing the stream it replaces. */
-  add(s: StreamSession): void {
-    const key = `${s.sub.pattern}\u0000${s.sub.name}`;
-    this.active.get(key)?.close();
-    this.active.set(key, s);
+/**
+ * One stream of a queue group: a member with room for `max_inflight`
+ * unacked messages (with `auto_ack`, a batch's worth waiting to be
+ * written), which holds what the group gave it until the transport takes it.
+ */
+export class QueueStreamSession implements Stream, QueueMember {
+  readonly queue = true;
+  readonly sub: DurableSubscriber;
+  readonly ackWaitMs: number;
+  private readonly queues: QueueGroups;
+  private readonly group: QueueGroup;
+  private readonly window: Window;
+  private readonly autoAck: boolean;
+  /** Given by the group and not yet handed to the transport. */
+  private buffer: QueueDelivery[] = [];
+  private wake: (() => void) | null = null;
+  private done = false;
+
+  constructor(queues: QueueGroups, sub: DurableSubscriber, opts: QueueStreamOptions) {
+    this.sub = sub;
+    this.queues = queues;
+    this.autoAck = opts.autoAck;
+    this.ackWaitMs = opts.autoAck ? Number.POSITIVE_INFINITY : opts.ackWaitMs;
+    this.window = new Window(opts.autoAck ? BATCH : opts.maxInflight);
+    this.group = queues.join(sub, this, { key: opts.key });
   }
 
-  /** Forgets `s` if it is still the registered one. */
-  remove(s: StreamSession): void {
-    const key = `${s.sub.pattern}\u0000${s.sub.name}`;
-    if (this.active.get(key) === s) this.active.delete(key);
+  get closed(): boolean {
+    return this.done;
+  }
+
+  room(): number {
+    return this.done ? 0 : this.window.room();
+  }
+
+  onRoom(fn: () => void): () => void {
+    return this.window.onRoom(fn);
+  }
+
+  take(d: QueueDelivery): boolean {
+    this.window.take(0);
+    this.buffer.push(d);
+    const w = this.wake;
+    this.wake = null;
+    w?.();
+    return true;
+  }
+
+  release(d: QueueDelivery): void {
+    // Taken back (its ack wait passed) before the transport took it: not sent at all.
+    const i = this.buffer.indexOf(d);
+    if (i >= 0) this.buffer.splice(i, 1);
+    this.window.give(0);
+  }
+
+  async next(idleMs = HEARTBEAT_MS): Promise<Message[] | null> {
+    if (this.buffer.length === 0 && !this.done) {
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(finish, idleMs);
+        const self = this;
+        function finish() {
+          clearTimeout(t);
+          if (self.wake === finish) self.wake = null;
+          resolve();
+        }
+        this.wake = finish;
+      });
+    }
+    if (this.done) return null;
+    const ds = this.buffer;
+    this.buffer = [];
+    const out: Message[] = [];
+    for (const d of ds) {
+      try {
+        out.push(decodeEnvelope(d.record.body, d.seq));
+      } catch {
+        this.group.ack(d); // not an envelope: never handed to a client
+        continue;
+      }
+      // Auto-acked messages are done once handed to the transport.
+      if (this.autoAck) this.group.ack(d);
+    }
+    return out;
+  }
+
+  ack(seq: unknown, channel?: unknown): number {
+    checkSeq(seq);
+    const c = ackChannel(this.sub, channel);
+    const end = this.sub.nextSeqOf(c);
+    if (end === undefined) throw new UnknownChannelError(c);
+    if (seq >= end) throw new InvalidArgumentError(`seq ${seq} is past the end of channel ${c} (next seq ${end})`);
+    // Whichever member holds it: a late ack of one already handed on still counts. A seq the
+    // group has no open message for was acked already (or is behind the cursor).
+    this.group.ackSeq(c, seq);
+    return this.sub.cursorOf(c) ?? end;
+  }
+
+  /** Leaves the group: what this stream was sent and did not ack goes to another member. */
+  close(): void {
+    if (this.done) return;
+    this.done = true;
+    this.queues.leave(this.group, this);
+    const w = this.wake;
+    this.wake = null;
+    w?.();
+  }
+}
+
+/**
+ * Open streams: an exclusive one per subscriber (opening a second closes
+ * the first), or any number of queue group members.
+ */
+export class StreamRegistry {
+  private readonly exclusive = new Map<string, StreamSession>();
+  private readonly members = new Map<string, Set<Stream>>();
+
+  private static key(sub: DurableSubscriber): string {
+    return `${sub.pattern}\u0000${sub.name}`;
+  }
+
+  /**
+   * Refuses a stream of the other kind than the subscriber has: an exclusive
+   * stream on a queue group (in this agent: streams, MQTT shared
+   * subscriptions, in-process workers), a queue member beside an exclusive stream.
+   */
+  check(sub: DurableSubscriber, queue: boolean, queues: QueueGroups): void {
+    const key = StreamRegistry.key(sub);
+    if (queue && this.exclusive.has(key)) throw new ConflictError(`subscriber ${sub.name} on ${sub.pattern} has an exclusive stream; close it, or open every stream with queue=true`);
+    const g = queues.get(sub.pattern, sub.name);
+    if (!queue && g) throw new ConflictError(`subscriber ${sub.name} on ${sub.pattern} is a queue group of ${g.size} consumers; open the stream with queue=true`);
+  }
+
+  /** Registers `s`; an exclusive stream closes the one it replaces. */
+  add(s: Stream): void {
+    const key = StreamRegistry.key(s.sub);
+    if (s instanceof StreamSession) {
+      const old = this.exclusive.get(key);
+      if (old !== s) old?.close();
+      this.exclusive.set(key, s);
+      return;
+    }
+    let set = this.members.get(key);
+    if (!set) {
+      set = new Set();
+      this.members.set(key, set);
+    }
+    set.add(s);
+  }
+
+  /** Forgets `s`. */
+  remove(s: Stream): void {
+    const key = StreamRegistry.key(s.sub);
+    if (this.exclusive.get(key) === s) this.exclusive.delete(key);
+    const set = this.members.get(key);
+    if (set?.delete(s) && set.size === 0) this.members.delete(key);
   }
 
   /** Number of open streams. */
   get size(): number {
-    return this.active.size;
+    let n = this.exclusive.size;
+    for (const set of this.members.values()) n += set.size;
+    return n;
   }
 
   /** Closes every stream (agent shutdown). */
   closeAll(): void {
-    for (const s of this.active.values()) s.close();
-    this.active.clear();
+    for (const s of this.exclusive.values()) s.close();
+    for (const set of this.members.values()) for (const s of set) s.close();
+    this.exclusive.clear();
+    this.members.clear();
   }
 }
 
 const enc = new TextEncoder();
 
 /** An NDJSON or SSE response body fed by `session`, with backpressure. */
-export function streamResponse(kind: "ndjson" | "sse", session: StreamSession, registry: StreamRegistry): Response {
+export function streamResponse(kind: "ndjson" | "sse", session: Stream, registry: StreamRegistry): Response {
   const body = new ReadableStream<Uint8Array>(
     {
       async pull(controller) {
@@ -141,7 +320,7 @@ export function streamResponse(kind: "ndjson" | "sse", session: StreamSession, r
 
 /** Data attached to an upgraded WebSocket. */
 export interface WsData {
-  session: StreamSession;
+  session: Stream;
   registry: StreamRegistry;
   logger: Logger;
   drained?: () => void;

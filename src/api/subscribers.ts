@@ -10,7 +10,7 @@
  */
 import { assertChannel, isWildcard } from "../envelope/names.ts";
 import { envelopeJson } from "../envelope/json.ts";
-import { BadRequestError, UnknownSubscriberError } from "../errors.ts";
+import { BadRequestError, InvalidArgumentError, UnknownSubscriberError } from "../errors.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
 import { fromParam, intParam, json, readBody, requiredParam } from "./http.ts";
@@ -57,7 +57,10 @@ export function ackChannel(sub: DurableSubscriber, named: unknown, path: string 
   throw new BadRequestError(`an ack on pattern ${sub.pattern} needs "channel" (it matches ${channels.length} channels)`);
 }
 
-/** POST ack: cumulative, moves the cursor past `seq`. */
+/**
+ * POST ack: cumulative, moves the cursor past `seq`; for a subscriber
+ * that is a queue group now, acks that one message.
+ */
 export async function handleAck(req: Request, pattern: string, name: string, messenger: Messenger): Promise<Response> {
   const raw = await readBody(req, 64 * 1024);
   let body: { seq?: unknown; channel?: unknown };
@@ -70,8 +73,13 @@ export async function handleAck(req: Request, pattern: string, name: string, mes
   if (typeof body.seq !== "number" || !Number.isInteger(body.seq) || body.seq < 0) throw new BadRequestError('"seq" must be a non-negative integer');
   const sub = isWildcard(pattern) ? messenger.openSubscriber(pattern, name, { create: false }) : messenger.resolveSubscriber(pattern, name);
   const channel = ackChannel(sub, body.channel, pattern);
-  const cursor = sub.ack(channel, body.seq);
-  return json(200, { subscriber: name, pattern: sub.pattern, channel, cursor });
+  const group = messenger.queues.get(sub.pattern, sub.name);
+  if (!group) return json(200, { subscriber: name, pattern: sub.pattern, channel, cursor: sub.ack(channel, body.seq) });
+  // A queue group's messages are acked one by one: the cursor moves past every acked prefix.
+  const end = sub.nextSeqOf(channel) ?? 0;
+  if (body.seq >= end) throw new InvalidArgumentError(`seq ${body.seq} is past the end of channel ${channel} (next seq ${end})`);
+  const acked = group.ackSeq(channel, body.seq);
+  return json(200, { subscriber: name, pattern: sub.pattern, channel, cursor: sub.cursorOf(channel), acked });
 }
 
 /** DELETE subscriber. */

@@ -8,10 +8,11 @@
 import { envelopeJson } from "../envelope/json.ts";
 import type { Message } from "../envelope/envelope.ts";
 import { LocalClient } from "../client/local-client.ts";
+import { parseDuration } from "../config/units.ts";
 import { fromFlag, intFlag, parseArgs, UsageError } from "./args.ts";
 
 /** Usage text of `keyop sub`. */
-export const SUB_USAGE = `usage: keyop sub CHANNEL --name NAME [--from earliest|latest|SEQ] [--exec CMD [--reply]] [--max N] [--socket PATH]
+export const SUB_USAGE = `usage: keyop sub CHANNEL --name NAME [--from earliest|latest|SEQ] [--exec CMD [--reply]] [--queue [--key FIELD] [--ack-wait DURATION]] [--max N] [--socket PATH]
 
 Streams messages of CHANNEL (or a pattern such as sensors.>) to the durable
 subscriber NAME: one envelope JSON per line on stdout, acked once printed.
@@ -20,11 +21,17 @@ stdin and KEYOP_CHANNEL, KEYOP_SEQ, KEYOP_ID, KEYOP_TYPE set; the message is
 acked only when CMD exits 0, otherwise retried with backoff. --max N stops
 after N messages. A new subscriber starts at --from (default latest).
 With --reply, CMD's stdout answers a message that is a request (it has
-reply_to): as JSON when it parses, else as a string (type "reply").`;
+reply_to): as JSON when it parses, else as a string (type "reply").
+With --queue, this process is one worker of NAME's queue group: every
+worker started with the same NAME gets its share, each message acked by
+itself; what a worker had not acked when it died goes to another. --key
+FIELD sends messages with the same payload FIELD to the same worker while
+it lives; --ack-wait (default 30s, 0 for never) is how long a message may
+go unacked before another worker gets it.`;
 
 /** Streams until --max, a signal, or a fatal error; resolves with the exit code. */
 export async function cmdSub(argv: string[]): Promise<number> {
-  const p = parseArgs(argv, { name: "string", from: "string", exec: "string", reply: "boolean", max: "string", socket: "string" }, 1);
+  const p = parseArgs(argv, { name: "string", from: "string", exec: "string", reply: "boolean", max: "string", socket: "string", queue: "boolean", key: "string", "ack-wait": "string" }, 1);
   if (p.help) {
     console.log(SUB_USAGE);
     return 0;
@@ -38,6 +45,16 @@ export async function cmdSub(argv: string[]): Promise<number> {
   const exec = p.flags.exec as string | undefined;
   const answer = p.flags.reply === true;
   if (answer && !exec) throw new UsageError("--reply needs --exec (its stdout is the reply)");
+  const queue = p.flags.queue === true;
+  const key = p.flags.key as string | undefined;
+  if (key !== undefined && !queue) throw new UsageError("--key needs --queue");
+  let ackWaitMs: number | undefined;
+  if (p.flags["ack-wait"] !== undefined) {
+    if (!queue) throw new UsageError("--ack-wait needs --queue");
+    const ms = parseDuration(p.flags["ack-wait"] as string);
+    if (ms === null || ms < 0) throw new UsageError(`--ack-wait ${JSON.stringify(p.flags["ack-wait"])} is not a duration such as 500ms, 30s or 5m`);
+    ackWaitMs = Math.round(ms);
+  }
   const client = new LocalClient({ socket: p.flags.socket as string | undefined });
   const abort = new AbortController();
   const onSignal = () => abort.abort();
@@ -65,7 +82,11 @@ export async function cmdSub(argv: string[]): Promise<number> {
       },
       {
         from,
-        maxInflight: exec ? 1 : 100,
+        queue,
+        key,
+        ackWaitMs,
+        // A worker of a group takes a few at a time: the others get the rest meanwhile.
+        maxInflight: exec ? 1 : queue ? 16 : 100,
         signal: abort.signal,
         onError: (err) => {
           // The agent restarting or gone for a while: the stream resumes at the acked cursor.

@@ -54,8 +54,18 @@ export interface OutgoingMessage {
   ttlMs?: number;
 }
 
+/** Sharing a subscriber with other consumers (a queue group). */
+export interface QueueOptions {
+  /** Join the subscriber's queue group: each message goes to one member, acked by itself. */
+  queue?: boolean;
+  /** With `queue`: a payload field; messages with the same value go to the same member while it lives. */
+  key?: string;
+  /** With `queue`: how long a message may go unacked before it goes to another member (agent default 30 s; 0: never). */
+  ackWaitMs?: number;
+}
+
 /** Options of a stream subscription. */
-export interface StreamOptions {
+export interface StreamOptions extends QueueOptions {
   from?: "earliest" | "latest" | number;
   maxInflight?: number;
   autoAck?: boolean;
@@ -63,7 +73,7 @@ export interface StreamOptions {
 }
 
 /** Options of `LocalClient.subscribe`. */
-export interface LocalSubscribeOptions {
+export interface LocalSubscribeOptions extends QueueOptions {
   /** Where a new subscriber starts (an existing one resumes at its cursor). */
   from?: "earliest" | "latest" | number;
   /** Messages the agent sends ahead of acks (default 100). */
@@ -222,6 +232,11 @@ export class LocalClient {
    * and after a backoff the stream reconnects and the message comes again
    * (at-least-once). When the agent restarts or the socket goes away, the
    * stream reconnects by itself and resumes at the acked cursor.
+   *
+   * With `queue`, this is one member of the subscriber's queue group
+   * (other processes, MQTT shared subscriptions, the agent's own workers):
+   * it gets its share of the messages, each acked by itself; what it had
+   * not acked when it stopped or died goes to another member.
    */
   subscribe(channel: string, subscriber: string, handler: (msg: Message) => unknown | Promise<unknown>, opts: LocalSubscribeOptions = {}): LocalSubscription {
     const stopper = new AbortController();
@@ -233,7 +248,8 @@ export class LocalClient {
       let delay = base;
       while (!signal.aborted) {
         try {
-          for await (const msg of this.stream(channel, subscriber, { from: opts.from, maxInflight: opts.maxInflight ?? 100, signal })) {
+          const { queue, key, ackWaitMs } = opts;
+          for await (const msg of this.stream(channel, subscriber, { from: opts.from, maxInflight: opts.maxInflight ?? 100, signal, queue, key, ackWaitMs })) {
             delay = base;
             await handler(msg);
             // Handled is handled: acked even if a stop came meanwhile.
@@ -266,6 +282,9 @@ export class LocalClient {
     if (opts.from !== undefined) q.set("from", String(opts.from));
     if (opts.maxInflight !== undefined) q.set("max_inflight", String(opts.maxInflight));
     if (opts.autoAck) q.set("auto_ack", "true");
+    if (opts.queue) q.set("queue", "true");
+    if (opts.key !== undefined) q.set("key", opts.key);
+    if (opts.ackWaitMs !== undefined) q.set("ack_wait_ms", String(Math.round(opts.ackWaitMs)));
     let res: Response;
     try {
       res = await fetch(`http://keyop/v1/channels/${seg(channel)}/stream?${q}`, { unix: this.socket, signal: opts.signal } as RequestInit);

@@ -79,6 +79,11 @@ export class DurableSubscriber {
     return log ? this.cursor(log) : undefined;
   }
 
+  /** The seq the next record of `channel` will get; undefined for a channel that does not exist. */
+  nextSeqOf(channel: string): number | undefined {
+    return this.host.log(channel)?.nextSeq;
+  }
+
   /** The acked position (next seq to deliver) on the channel of `log`. */
   private cursor(log: ChannelLog): number {
     const c = this.state.cursors[log.name];

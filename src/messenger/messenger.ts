@@ -8,7 +8,7 @@
 import { assertLabel, decodeEnvelope, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
 import { buildEnvelope, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
-import { BufferFullError, ClosedError, InvalidArgumentError, KeyopError, NoRequestError, NoRespondersError, RouteDownError, TooLargeError } from "../errors.ts";
+import { BufferFullError, ClosedError, ConflictError, InvalidArgumentError, KeyopError, NoRequestError, NoRespondersError, RouteDownError, TooLargeError } from "../errors.ts";
 import { Inboxes, isInbox, newInbox } from "./inbox.ts";
 import { Histogram, type LatencySummary } from "../observability/histogram.ts";
 import type { ChannelLog, LogHealth, RetentionPolicy } from "../store/channel-log.ts";
@@ -20,6 +20,8 @@ import { resolveConfig, type MessengerConfig, type ResolvedConfig } from "./conf
 import { currentContext, labelledMessage } from "./context.ts";
 import { Subscription, type Handler, type SubscribeOptions, type SubscriptionHost } from "./subscription.ts";
 import { DurableSubscriber, type DurableSubscriberHost } from "./durable-subscriber.ts";
+import { QueueGroups } from "./queue-group.ts";
+import { QueueSubscription, type QueueSubscribeOptions } from "./queue-subscription.ts";
 import { UnknownSubscriberError } from "../errors.ts";
 import type { CursorState } from "../store/cursor-store.ts";
 
@@ -143,6 +145,9 @@ export class Messenger {
   private readonly policies: ChannelPolicies;
   /** Requests waiting for their reply. */
   private readonly inboxes = new Inboxes();
+  /** Subscribers whose messages several consumers share, while they have members. */
+  readonly queues: QueueGroups;
+  private readonly queueSubs = new Set<QueueSubscription>();
   /** Patterns with a consumer attached now (streams, MQTT, forwarders), with how many. */
   private readonly watching = new Map<string, number>();
   /**
@@ -164,6 +169,7 @@ export class Messenger {
     this.cfg = cfg;
     this.name = cfg.name;
     this.policies = new ChannelPolicies(cfg.channels);
+    this.queues = new QueueGroups((err) => cfg.logger.error("queue group failed", { error: String(err) }));
     this.store = store;
     this.cursorStore = cursors;
     this.fsyncLatency = fsyncLatency;
@@ -526,6 +532,7 @@ export class Messenger {
     }
     const key = cursorKey(pattern, name);
     if (this.subs.has(key)) throw new InvalidArgumentError(`subscriber ${name} on ${pattern} is already running`);
+    if (this.queues.get(pattern, name)) throw new ConflictError(`subscriber ${name} on ${pattern} is shared by a queue group: join it with subscribeQueue`);
     const state = this.cursorStore.get(pattern, name) ?? this.createSubscriber(pattern, name, from);
     const maxRetries = opts.maxRetries ?? this.cfg.maxRetries;
     const serviceName = opts.serviceName ?? currentContext()?.serviceName ?? this.cfg.serviceName;
@@ -533,6 +540,39 @@ export class Messenger {
     this.subs.set(key, sub);
     for (const log of this.matchingLogs(pattern)) sub.attach(log);
     return sub;
+  }
+
+  /**
+   * Joins the queue group of a durable subscriber with `opts.concurrency`
+   * workers calling `handler` (default 1): each message goes to one member
+   * of the group, whether in this process or another (HTTP streams,
+   * WebSockets, MQTT shared subscriptions on the same subscriber). Order
+   * within a channel is given up, except per `opts.key`. A message is acked
+   * when its handler call returns (or it is dead-lettered); the cursor
+   * moves past every acked prefix.
+   */
+  async subscribeQueue<T = unknown>(pattern: string, name: string, handler: Handler<T>, opts: QueueSubscribeOptions = {}): Promise<QueueSubscription> {
+    if (this.state !== "open") throw new ClosedError();
+    if (typeof handler !== "function") throw new InvalidArgumentError("handler must be a function");
+    const concurrency = opts.concurrency ?? 1;
+    if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 1024) throw new InvalidArgumentError("concurrency must be an integer 1..1024");
+    if (this.subs.has(cursorKey(pattern, name))) throw new ConflictError(`subscriber ${name} on ${pattern} is running with a handler of its own`);
+    const sub = this.openSubscriber(pattern, name, { from: opts.from ?? "latest" });
+    const q = new QueueSubscription(
+      this.host,
+      this.queues,
+      sub,
+      handler as Handler<unknown>,
+      {
+        serviceName: opts.serviceName ?? currentContext()?.serviceName ?? this.cfg.serviceName,
+        maxRetries: opts.maxRetries ?? this.cfg.maxRetries,
+        concurrency,
+        key: opts.key,
+      },
+      (channel) => this.store.get(channel),
+    );
+    this.queueSubs.add(q);
+    return q;
   }
 
   /** A new durable subscriber positioned per `from` on the channels that exist now. */
@@ -644,9 +684,10 @@ export class Messenger {
    * Stops a subscription once its running handler call returns. The durable
    * cursor stays (the subscriber resumes there) unless `deleteCursor` is set.
    */
-  async unsubscribe(sub: Subscription, opts: { deleteCursor?: boolean } = {}): Promise<void> {
+  async unsubscribe(sub: Subscription | QueueSubscription, opts: { deleteCursor?: boolean } = {}): Promise<void> {
     const key = cursorKey(sub.pattern, sub.name);
     if (this.subs.get(key) === sub) this.subs.delete(key);
+    if (sub instanceof QueueSubscription) this.queueSubs.delete(sub);
     await sub.stop();
     if (opts.deleteCursor) {
       this.readers.delete(key);
@@ -781,9 +822,11 @@ export class Messenger {
   private async doClose(): Promise<void> {
     if (this.retentionTimer) clearInterval(this.retentionTimer);
     this.inboxes.failAll(new ClosedError());
-    const subs = [...this.subs.values()];
+    const subs = [...this.subs.values(), ...this.queueSubs];
     this.subs.clear();
+    this.queueSubs.clear();
     await Promise.all(subs.map((s) => s.stop()));
+    this.queues.stopAll();
     this.state = "closing";
     await this.store.close();
     await this.cursorStore.close();

@@ -7,13 +7,11 @@
  * dead-letter channel. Loops sleep on the log's commit signal, so delivery
  * follows a publish without any polling delay.
  */
-import { decodeEnvelope, type Message } from "../envelope/envelope.ts";
-import { DecodeError } from "../errors.ts";
+import type { Message } from "../envelope/envelope.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { ChannelLog } from "../store/channel-log.ts";
 import type { CursorState, CursorStore, StartFrom } from "../store/cursor-store.ts";
-import { withContext } from "./context.ts";
-import { RetryLater } from "./retry-later.ts";
+import { HandlerRunner } from "./handler-runner.ts";
 
 /** A message handler; a throw (or rejection) means "failed, retry". */
 export type Handler<T = unknown> = (msg: Message<T>) => void | Promise<void>;
@@ -52,9 +50,7 @@ export class Subscription {
   readonly name: string;
   private readonly host: SubscriptionHost;
   private readonly state: CursorState;
-  private readonly handler: Handler<unknown>;
-  private readonly serviceName: string | undefined;
-  private readonly maxRetries: number;
+  private readonly runner: HandlerRunner;
   private readonly loops = new Map<string, Promise<void>>();
   private readonly wakers = new Set<() => void>();
   private stopped = false;
@@ -65,9 +61,7 @@ export class Subscription {
     this.state = state;
     this.pattern = state.pattern;
     this.name = state.name;
-    this.handler = handler;
-    this.serviceName = serviceName;
-    this.maxRetries = maxRetries;
+    this.runner = new HandlerRunner(host, state.name, handler, serviceName, maxRetries);
   }
 
   /** Channels this subscription is delivering from. */
@@ -97,6 +91,7 @@ export class Subscription {
   /** @internal Stops every loop; resolves once no handler call is running. */
   async stop(): Promise<void> {
     this.stopped = true;
+    this.runner.stop();
     for (const w of this.wakers) w();
     this.wakers.clear();
     await Promise.all(this.loops.values());
@@ -137,7 +132,7 @@ export class Subscription {
         }
         for (const rec of records) {
           if (this.stopped) return;
-          if (!(await this.deliver(log, rec.seq, rec.body))) return;
+          if (!(await this.runner.deliver(log, rec.seq, rec.body))) return;
           this.host.cursors.set(this.state, channel, rec.seq + 1);
         }
       }
@@ -145,88 +140,4 @@ export class Subscription {
       off();
     }
   }
-
-  /** Delivers one record with retries; false when stopped before it was done. */
-  private async deliver(log: ChannelLog, seq: number, body: Uint8Array): Promise<boolean> {
-    let msg: Message;
-    try {
-      msg = decodeEnvelope(body, seq);
-    } catch (err) {
-      // CRC-valid but not an envelope: written by something else. Never hand it to the handler.
-      this.host.logger.error("record is not an envelope, skipped", { channel: log.name, seq, error: String(err) });
-      return true;
-    }
-    if (msg.expires !== undefined && msg.expires <= Date.now()) {
-      this.host.noteExpired(log.name);
-      return true;
-    }
-    let attempts = 0;
-    let retryLaters = 0;
-    while (!this.stopped) {
-      let delivered: Message = msg;
-      const decode = this.host.decoderFor(msg.type);
-      if (decode) {
-        try {
-          delivered = { ...msg, payload: decode(msg.payload) };
-        } catch (err) {
-          return this.toDeadLetter(msg, new DecodeError(`payload of type ${msg.type} failed its decoder: ${errText(err)}`, err), 1);
-        }
-      }
-      try {
-        const ctx = { serviceName: this.serviceName, correlationId: msg.correlationId ?? msg.id };
-        await withContext(ctx, () => this.handler(delivered));
-        const at = log.appendedAt(seq);
-        this.host.noteDelivered(log.name, at !== undefined ? performance.now() - at : Date.now() - msg.ts, attempts + retryLaters > 0);
-        return true;
-      } catch (err) {
-        if (err instanceof RetryLater) {
-          retryLaters++;
-          await this.sleep(err.delayMs ?? this.host.retryBackoffBaseMs);
-          continue;
-        }
-        attempts++;
-        this.host.noteFailed(log.name);
-        this.host.logger.warn("handler failed", { subscriber: this.name, channel: log.name, seq, attempt: attempts, error: errText(err) });
-        if (attempts >= this.maxRetries) return this.toDeadLetter(msg, err, attempts);
-        await this.sleep(this.backoff(attempts));
-      }
-    }
-    return false;
-  }
-
-  /** Dead-letters `msg`, retrying the store itself (e.g. disk full) until stopped. */
-  private async toDeadLetter(msg: Message, error: unknown, attempts: number): Promise<boolean> {
-    let tries = 0;
-    while (!this.stopped) {
-      try {
-        await this.host.deadLetter(msg, error, attempts);
-        return true;
-      } catch (err) {
-        tries++;
-        this.host.logger.error("could not store dead letter, will retry", { channel: msg.channel, seq: msg.seq, error: errText(err) });
-        await this.sleep(this.backoff(tries));
-      }
-    }
-    return false;
-  }
-
-  private backoff(attempt: number): number {
-    return Math.min(this.host.retryBackoffBaseMs * 2 ** (attempt - 1), this.host.retryBackoffMaxMs);
-  }
-
-  private sleep(ms: number): Promise<void> {
-    return new Promise((resolve) => {
-      const done = () => {
-        clearTimeout(timer);
-        this.wakers.delete(done);
-        resolve();
-      };
-      const timer = setTimeout(done, ms);
-      this.wakers.add(done);
-    });
-  }
-}
-
-function errText(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
 }

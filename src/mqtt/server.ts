@@ -72,6 +72,7 @@ export class MqttServer implements SessionHost {
     this.retained = retained;
     this.sessions = sessions;
     this.shared = new SharedSubscriptions(
+      messenger.queues,
       (group, pattern) => messenger.openSubscriber(pattern, sharedGroupName(group), { from: "latest" }),
       (group, pattern) => messenger.deleteSubscriber(pattern, sharedGroupName(group)),
       (err) => logger.warn("mqtt shared subscription failed", { error: String(err) }),

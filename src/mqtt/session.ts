@@ -17,7 +17,7 @@ import { payloadOf, pubackBytes, storedPayload } from "./payload.ts";
 import { decodeFast, encodePublish, type Frame, MqttFramer, MqttFrameError, type Publish, publishSize } from "./codec.ts";
 import { encodePublishProperties, fromPacketProperties, metaOfPublish, publishPropertiesOf, type PublishProperties } from "./properties.ts";
 import { MqttSubscription, type SentFrom, type SubscriptionOptions } from "./subscription.ts";
-import { SharedGroup, SharedSubscriptions, type SharedMember } from "./shared.ts";
+import { type SharedMembership, SharedSubscriptions, type SharedMember } from "./shared.ts";
 import { Outbound } from "./outbound.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { MqttConfig } from "../config/schema.ts";
@@ -152,7 +152,7 @@ export class MqttSession implements SharedMember {
   private timer: ReturnType<typeof setInterval> | null = null;
   private readonly subscriptions = new Map<string, MqttSubscription>();
   /** Shared subscriptions this session is a member of, by SharedSubscriptions.key. */
-  private readonly shared = new Map<string, SharedGroup>();
+  private readonly shared = new Map<string, SharedMembership>();
   /** QoS 1 and 2 messages sent and not completed. */
   private readonly outbound: Outbound;
   /** QoS 1 messages in flight to the client, over every subscription and retained messages. */
@@ -270,8 +270,10 @@ export class MqttSession implements SharedMember {
     this.subscriptions.clear();
     // Out of its groups first, so that what a group gave this member and it did not acknowledge
     // goes to another member, not back to this one.
-    for (const group of this.shared.values()) group.leave(this);
-    this.outbound.returnTo(undefined, (f) => f.from.subscription instanceof SharedGroup && f.from.subscription.returned(f.from.delivery));
+    for (const m of this.shared.values()) {
+      this.host.shared.leave(m);
+      this.outbound.returnTo(m, () => {});
+    }
     // A persistent session still holds its shared subscriptions while it is away; a clean one's end.
     if (!this.persistent && mine) for (const key of this.shared.keys()) this.host.shared.release(this.clientId, key);
     this.shared.clear();
@@ -738,15 +740,18 @@ export class MqttSession implements SharedMember {
   private joinShared(group: string, pattern: string, filter: string, options: SubscriptionOptions): void {
     const key = SharedSubscriptions.key(group, pattern);
     if (this.persistent) this.host.sessions.remember(this.clientId, `$share/${key}`, filter, options);
-    this.shared.set(key, this.host.shared.join(this.clientId, this, group, pattern, options));
+    const had = this.shared.get(key);
+    if (had) had.options = options;
+    else this.shared.set(key, this.host.shared.join(this.clientId, this, group, pattern, options));
   }
 
   /** Leaves a shared subscription: what it had unacknowledged goes to another member. */
   private leaveShared(key: string): boolean {
-    const group = this.shared.get(key);
-    if (!group) return false;
-    group.leave(this);
-    this.outbound.returnTo(group, (f) => group.returned(f.from.delivery));
+    const m = this.shared.get(key);
+    if (!m) return false;
+    // The group hands what this member was sent and did not acknowledge to another.
+    this.host.shared.leave(m);
+    this.outbound.returnTo(m, () => {});
     this.shared.delete(key);
     this.host.sessions.forget(this.clientId, `$share/${key}`);
     this.host.shared.release(this.clientId, key);
@@ -800,12 +805,11 @@ export class MqttSession implements SharedMember {
   }
 
   /** @internal A stored record a shared subscription's group gives this member (see `deliver`). */
-  deliverShared(r: StoredEnvelope, from: SentFrom, options: SubscriptionOptions): boolean {
+  deliverShared(r: StoredEnvelope, from: SentFrom, options: SubscriptionOptions, pattern: string): boolean {
     if (this.closed) return false;
-    const group = from.subscription as SharedGroup;
     // The group's reader holds no room in this session's window: the message takes its own.
     if (options.qos > 0) this.window.take(0);
-    const inFlight = this.deliverRecord(r, from, options, group.pattern, true);
+    const inFlight = this.deliverRecord(r, from, options, pattern, true);
     if (!inFlight && options.qos > 0) this.window.give(0);
     return inFlight;
   }

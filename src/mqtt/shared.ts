@@ -5,20 +5,20 @@
  * (`mqtt-share.<group>`) holds the group's cursor, so the group's place in
  * the log survives members coming and going, and a keyop restart.
  *
+ * The members are members of the messenger's queue group of that
+ * subscriber (messenger/queue-group.ts), so HTTP streams and in-process
+ * workers on the same subscriber name share the messages with them.
  * Messages go to members in turn, each to the next member with room in its
  * window (its receive maximum); a member that leaves with messages still
  * unacknowledged hands them back, and they go to another member (MQTT
  * 4.8.2: "if the Client's Session terminates before it completes, the
- * Server SHOULD send the message to another Client"). The group and its
- * subscriber end when no session holds the subscription any more.
+ * Server SHOULD send the message to another Client"). The subscriber ends
+ * when no session holds the subscription any more.
  */
-import { CursorReader, type Delivery, STORED } from "../messenger/cursor-reader.ts";
 import type { DurableSubscriber, StoredEnvelope } from "../messenger/durable-subscriber.ts";
-import { Window } from "../messenger/window.ts";
+import type { QueueDelivery, QueueGroup, QueueGroups, QueueMember } from "../messenger/queue-group.ts";
+import type { Window } from "../messenger/window.ts";
 import type { DeliverySource, SentFrom, SubscriptionOptions } from "./subscription.ts";
-
-/** Messages a group has fetched and not yet seen acknowledged, over all its members. */
-const GROUP_WINDOW = 1024;
 
 /** What a group needs of a member session. */
 export interface SharedMember {
@@ -26,119 +26,57 @@ export interface SharedMember {
   readonly window: Window;
   mayReceive(channel: string): boolean;
   /** Sends `r` for the group; true when in flight at QoS 1 or 2 (the member acks `from` later), false when done. */
-  deliverShared(r: StoredEnvelope, from: SentFrom, options: SubscriptionOptions): boolean;
+  deliverShared(r: StoredEnvelope, from: SentFrom, options: SubscriptionOptions, pattern: string): boolean;
 }
 
-/** One shared subscription's group, for one keyop pattern. */
-export class SharedGroup implements DeliverySource {
+/**
+ * One session's place in one shared subscription's queue group: a member
+ * of the messenger's group of the subscriber, and the source the session's
+ * in-flight messages of it are acknowledged to.
+ */
+export class SharedMembership implements QueueMember, DeliverySource {
   readonly durable = false;
   readonly pattern: string;
-  private readonly reader: CursorReader<StoredEnvelope>;
-  private readonly members = new Map<SharedMember, { options: SubscriptionOptions; off: () => void }>();
-  /** Deliveries fetched (or handed back) and not yet sent to a member, in order. */
-  private readonly queue: Delivery<StoredEnvelope>[] = [];
-  private turn = 0;
-  private stopped = false;
+  options: SubscriptionOptions;
+  group: QueueGroup | null = null;
+  private readonly session: SharedMember;
 
-  constructor(sub: DurableSubscriber, pattern: string, onError: (err: unknown) => void) {
+  constructor(session: SharedMember, pattern: string, options: SubscriptionOptions) {
+    this.session = session;
     this.pattern = pattern;
-    this.reader = new CursorReader(sub, { form: STORED, window: new Window(GROUP_WINDOW), unit: "record", maxRecords: 500 });
-    void this.run().catch(onError);
+    this.options = options;
   }
 
-  get subscriber(): DurableSubscriber {
-    return this.reader.sub;
+  room(): number {
+    return this.options.qos === 0 ? Number.POSITIVE_INFINITY : this.session.window.room();
   }
 
-  get size(): number {
-    return this.members.size;
+  onRoom(fn: () => void): () => void {
+    return this.session.window.onRoom(fn);
   }
 
-  /** A session joins (or changes its options, subscribing again). */
-  join(member: SharedMember, options: SubscriptionOptions): void {
-    const had = this.members.get(member);
-    if (had) {
-      had.options = options;
-      return;
-    }
-    this.members.set(member, { options, off: member.window.onRoom(this.dispatch) });
-    this.dispatch();
+  mayReceive(channel: string): boolean {
+    return this.session.mayReceive(channel);
   }
 
-  /** A session leaves; what it had unacknowledged it hands back with `returned`. */
-  leave(member: SharedMember): void {
-    const m = this.members.get(member);
-    if (!m) return;
-    m.off();
-    this.members.delete(member);
+  take(d: QueueDelivery): boolean {
+    return this.session.deliverShared(d.record, { subscription: this, delivery: d }, this.options, this.pattern);
   }
 
-  /** A member left before acknowledging `d`: it goes to another member, first. */
-  returned(d: Delivery<StoredEnvelope>): void {
-    if (this.stopped) return;
-    this.queue.unshift(d);
-    this.dispatch();
+  acked(d: object): void {
+    this.group?.ack(d as QueueDelivery);
   }
-
-  acked(d: Delivery<StoredEnvelope>): void {
-    this.reader.ack(d);
-  }
-
-  stop(): void {
-    this.stopped = true;
-    for (const m of this.members.values()) m.off();
-    this.members.clear();
-    this.reader.stop();
-  }
-
-  private async run(): Promise<void> {
-    for (;;) {
-      const ds = await this.reader.next();
-      if (ds === null) return;
-      this.queue.push(...ds);
-      this.dispatch();
-    }
-  }
-
-  /** Sends what waits, each to the next member with room, until none has room. */
-  private readonly dispatch = (): void => {
-    while (this.queue.length > 0 && !this.stopped) {
-      const d = this.queue[0]!;
-      const r = d.records[0]!;
-      const members = [...this.members];
-      let chosen: [SharedMember, SubscriptionOptions] | null = null;
-      let allowed = false;
-      for (let k = 0; k < members.length; k++) {
-        const [member, { options }] = members[(this.turn + k) % members.length]!;
-        if (!member.mayReceive(r.channel)) continue;
-        allowed = true;
-        if (options.qos === 0 || member.window.room() > 0) {
-          chosen = [member, options];
-          this.turn = (this.turn + k + 1) % members.length;
-          break;
-        }
-      }
-      // No member may get it (or none is connected and it cannot wait for one): wait, unless nobody may.
-      if (!chosen) {
-        if (members.length > 0 && !allowed) {
-          this.queue.shift();
-          this.reader.ack(d);
-          continue;
-        }
-        return;
-      }
-      this.queue.shift();
-      if (!chosen[0].deliverShared(r, { subscription: this, delivery: d }, chosen[1])) this.reader.ack(d);
-    }
-  };
 }
 
 /** The shared subscriptions of one listener, by group and pattern, and the sessions that hold each. */
 export class SharedSubscriptions {
-  /** By key: the group (null until a member connects) and the client ids whose sessions hold it. */
-  private readonly groups = new Map<string, { group: SharedGroup | null; holders: Set<string> }>();
+  /** By key: the client ids whose sessions hold it (connected or away). */
+  private readonly groups = new Map<string, { holders: Set<string> }>();
+  /** Memberships of connected sessions. */
+  private readonly joined = new Set<SharedMembership>();
 
   constructor(
+    private readonly queues: QueueGroups,
     private readonly open: (group: string, pattern: string) => DurableSubscriber,
     private readonly drop: (group: string, pattern: string) => Promise<unknown>,
     private readonly onError: (err: unknown) => void,
@@ -163,7 +101,7 @@ export class SharedSubscriptions {
   hold(clientId: string, key: string): void {
     let g = this.groups.get(key);
     if (!g) {
-      g = { group: null, holders: new Set() };
+      g = { holders: new Set() };
       this.groups.set(key, g);
     }
     g.holders.add(clientId);
@@ -175,13 +113,21 @@ export class SharedSubscriptions {
   }
 
   /** `clientId`'s session joins `group` for `pattern` (connected now, as `member`). */
-  join(clientId: string, member: SharedMember, group: string, pattern: string, options: SubscriptionOptions): SharedGroup {
-    const key = SharedSubscriptions.key(group, pattern);
-    this.hold(clientId, key);
-    const g = this.groups.get(key)!;
-    g.group ??= new SharedGroup(this.open(group, pattern), pattern, this.onError);
-    g.group.join(member, options);
-    return g.group;
+  join(clientId: string, member: SharedMember, group: string, pattern: string, options: SubscriptionOptions): SharedMembership {
+    this.hold(clientId, SharedSubscriptions.key(group, pattern));
+    const m = new SharedMembership(member, pattern, options);
+    m.group = this.queues.join(this.open(group, pattern), m);
+    this.joined.add(m);
+    return m;
+  }
+
+  /**
+   * A connected session leaves the group (it unsubscribed or its connection
+   * ended): what it was sent and did not acknowledge goes to another member.
+   */
+  leave(m: SharedMembership): void {
+    if (!this.joined.delete(m) || !m.group) return;
+    this.queues.leave(m.group, m);
   }
 
   /**
@@ -192,7 +138,6 @@ export class SharedSubscriptions {
   release(clientId: string, key: string): void {
     const g = this.groups.get(key);
     if (!g?.holders.delete(clientId) || g.holders.size > 0) return;
-    g.group?.stop();
     this.groups.delete(key);
     const [group, pattern] = SharedSubscriptions.parts(key);
     void this.drop(group, pattern).catch(this.onError);
@@ -203,8 +148,8 @@ export class SharedSubscriptions {
     for (const [key, g] of [...this.groups]) if (g.holders.has(clientId)) this.release(clientId, key);
   }
 
-  /** Stops every group's reader (the listener stops); the subscribers stay for the next start. */
+  /** Every connected member leaves (the listener stops); the subscribers stay for the next start. */
   stop(): void {
-    for (const g of this.groups.values()) g.group?.stop();
+    for (const m of [...this.joined]) this.leave(m);
   }
 }

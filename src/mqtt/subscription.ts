@@ -11,7 +11,7 @@ import type { Window } from "../messenger/window.ts";
 /** What a message sent to a client came from: a subscription of its own, or a shared subscription's group. */
 export interface DeliverySource {
   /** The client acknowledged the delivery (or it was passed over): its reader's cursor may move. */
-  acked(d: ReaderDelivery<StoredEnvelope>): void;
+  acked(d: object): void;
   /** Kept while the client is away, with DUP marks per client (a shared group's are not: another member may get it). */
   readonly durable: boolean;
 }
@@ -19,7 +19,8 @@ export interface DeliverySource {
 /** Which source, and which of its reader's deliveries, a message sent to the client came from. */
 export interface SentFrom {
   subscription: DeliverySource;
-  delivery: ReaderDelivery<StoredEnvelope>;
+  /** The source's own handle on what it sent (a reader's delivery, a queue group's). */
+  delivery: object;
 }
 
 /** MQTT 5 subscription options (3.1.1: all off), kept with the subscription. */
@@ -100,8 +101,8 @@ export class MqttSubscription implements DeliverySource {
   }
 
   /** The client acknowledged `d` (or it was passed over): the cursor moves past every acknowledged prefix. */
-  acked(d: ReaderDelivery<StoredEnvelope>): void {
-    this.reader.ack(d);
+  acked(d: object): void {
+    this.reader.ack(d as ReaderDelivery<StoredEnvelope>);
   }
 
   stop(): void {

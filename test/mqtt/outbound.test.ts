@@ -7,7 +7,7 @@ import type { DeliverySource, SentFrom } from "../../src/mqtt/subscription.ts";
 /** A source that counts acknowledgements, and holds one unit of the window per delivery as a reader does. */
 function source(window: Window) {
   const acked: number[] = [];
-  const src: DeliverySource = { durable: false, acked: (d) => (acked.push(d.last), window.give(0)) };
+  const src: DeliverySource = { durable: false, acked: (d) => (acked.push((d as { last: number }).last), window.give(0)) };
   const from = (seq: number): SentFrom => {
     window.take(0);
     return { subscription: src, delivery: { channel: "c", records: [], last: seq, bytes: 0 } };
