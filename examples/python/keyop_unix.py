@@ -55,10 +55,22 @@ def ack(conn, channel, subscriber, seq):
     return call(conn, "POST", path, json.dumps({"seq": seq}))
 
 
-def stream(path_socket, channel, subscriber, start="latest", max_inflight=10):
-    """Yields envelopes (dicts) from the NDJSON stream; ack each one with ack()."""
+def stream(path_socket, channel, subscriber, start="latest", max_inflight=10, queue=False, key=None, ack_wait_ms=None):
+    """Yields envelopes (dicts) from the NDJSON stream; ack each one with ack().
+
+    queue=True joins the subscriber's queue group: every stream on the same
+    subscriber gets its share, each message is acked by itself, and what this
+    stream had not acked when it closed (or within ack_wait_ms) goes to another.
+    """
     conn = UnixHTTPConnection(path_socket, timeout=None)
-    query = urlencode({"subscriber": subscriber, "from": start, "max_inflight": max_inflight})
+    params = {"subscriber": subscriber, "from": start, "max_inflight": max_inflight}
+    if queue:
+        params["queue"] = "true"
+        if key is not None:
+            params["key"] = key
+        if ack_wait_ms is not None:
+            params["ack_wait_ms"] = ack_wait_ms
+    query = urlencode(params)
     conn.request("GET", f"/v1/channels/{quote(channel, safe='')}/stream?{query}")
     resp = conn.getresponse()
     if resp.status != 200:

@@ -60,13 +60,17 @@ export class ApiServer {
     // Create the socket with the final mode already in force, not world-accessible for a moment.
     const old = process.umask(0o777 & ~opts.socketMode);
     try {
-      api.server = Bun.serve<WsData>({
+      const serveOptions = {
         unix: opts.socketPath,
         maxRequestBodySize: Math.max(opts.limits.maxBatchBytes, opts.limits.maxMessageBytes) + 1024,
-        fetch: (req, server) => api.handle(req, server),
+        fetch: (req: Request, server: Server<WsData>) => api.handle(req, server),
         websocket: wsHandlers,
-        error: (err) => errorResponse(err),
-      });
+        error: (err: Error) => errorResponse(err),
+      };
+      // No idle timeout: streams, long-polls and requests wait longer than Bun's 10 s default, and
+      // `server.timeout(req, 0)` does not lift it for them. A Unix socket's peer that dies closes it.
+      // (Bun's types omit idleTimeout for Unix sockets; it applies to them all the same.)
+      api.server = Bun.serve<WsData>({ ...serveOptions, idleTimeout: 0 } as typeof serveOptions);
     } finally {
       process.umask(old);
     }
@@ -225,7 +229,7 @@ export class ApiServer {
         rejected: c.rejected,
         superseded: c.superseded,
         disk: diskJson(c.disk),
-        subscribers: c.subscribers.map((s) => ({ name: s.name, pattern: s.pattern, cursor: s.cursor, lag: s.lag, skipped: s.skipped, active: s.active })),
+        subscribers: c.subscribers.map((s) => ({ name: s.name, pattern: s.pattern, cursor: s.cursor, lag: s.lag, skipped: s.skipped, active: s.active, ...(s.queue ? { queue: s.queue } : {}) })),
       })),
     };
   }
@@ -246,7 +250,7 @@ export class ApiServer {
         subscribers: st.totals.subscribers,
         disk: storageDisk(st),
       },
-      api: { socket: this.opts.socketPath, requests_in_flight: this.inflight, streams: this.streams.size },
+      api: { socket: this.opts.socketPath, requests_in_flight: this.inflight, streams: this.streams.size, queue_groups: this.opts.messenger.queues.all().length },
     };
   }
 

@@ -293,6 +293,10 @@ const enc = new TextEncoder();
 export function streamResponse(kind: "ndjson" | "sse", session: Stream, registry: StreamRegistry): Response {
   const body = new ReadableStream<Uint8Array>(
     {
+      start(controller) {
+        // A keep-alive at once, so the client has the answer's headers before the first message.
+        controller.enqueue(enc.encode(kind === "ndjson" ? "\n" : ": open\n\n"));
+      },
       async pull(controller) {
         const msgs = await session.next();
         if (msgs === null) {

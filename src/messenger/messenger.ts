@@ -20,7 +20,7 @@ import { resolveConfig, type MessengerConfig, type ResolvedConfig } from "./conf
 import { currentContext, labelledMessage } from "./context.ts";
 import { Subscription, type Handler, type SubscribeOptions, type SubscriptionHost } from "./subscription.ts";
 import { DurableSubscriber, type DurableSubscriberHost } from "./durable-subscriber.ts";
-import { QueueGroups } from "./queue-group.ts";
+import { type QueueGroupStats, QueueGroups } from "./queue-group.ts";
 import { QueueSubscription, type QueueSubscribeOptions } from "./queue-subscription.ts";
 import { UnknownSubscriberError } from "../errors.ts";
 import type { CursorState } from "../store/cursor-store.ts";
@@ -89,6 +89,8 @@ export interface SubscriberStats {
   lag: number;
   skipped: number;
   active: boolean;
+  /** While several consumers share it (a queue group): its members and what they hold. */
+  queue?: QueueGroupStats;
 }
 
 /** A channel as `stats()` reports it. */
@@ -761,13 +763,15 @@ export class Messenger {
       for (const s of subs) {
         if (!this.matcher(s.pattern)(log.name)) continue;
         const cursor = Math.max(s.cursors[log.name] ?? log.firstSeq, log.firstSeq);
+        const group = this.queues.get(s.pattern, s.name);
         subscribers.push({
           name: s.name,
           pattern: s.pattern,
           cursor,
           lag: Math.max(0, log.nextSeq - cursor),
           skipped: s.skipped[log.name] ?? 0,
-          active: this.subs.has(cursorKey(s.pattern, s.name)),
+          active: this.subs.has(cursorKey(s.pattern, s.name)) || group !== undefined,
+          ...(group ? { queue: group.stats() } : {}),
         });
       }
       const st: ChannelStats = {

@@ -125,6 +125,15 @@ describe("stream", () => {
     ws.close();
   });
 
+  test("a stream idle past Bun's default idle timeout (10 s) stays open and still delivers", async () => {
+    const s = openStream("/v1/channels/st.idle/stream?subscriber=i");
+    await waitFor(() => s.raw.length > 0, "the stream's first keep-alive");
+    await Bun.sleep(11_000); // the point of the test: longer than the 10 s Bun would cut it at
+    await pub("st.idle", "late");
+    await waitFor(() => s.got.length === 1, "delivered after 11 s idle");
+    s.close();
+  }, 30_000);
+
   test("a second stream for the same subscriber replaces the first", async () => {
     await pub("st.one", 1);
     const s1 = openStream("/v1/channels/st.one/stream?subscriber=o&from=earliest");
