@@ -98,4 +98,6 @@ def request(conn, channel, type_, payload, timeout_ms=5000, durable=False):
 def reply(conn, request_msg, type_, payload):
     """Answers a request (an envelope with reply_to): the reply goes to its requester only and is not stored."""
     msg = {"type": type_, "payload": payload, "correlation_id": request_msg["id"]}
+    if "correlation_data" in request_msg:  # an MQTT 5 requester's: echoed so it can match the reply
+        msg["correlation_data"] = request_msg["correlation_data"]
     return call(conn, "POST", f"/v1/channels/{quote(request_msg['reply_to'], safe='')}/messages", json.dumps(msg))

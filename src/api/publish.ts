@@ -6,10 +6,10 @@
  */
 import { Packr } from "msgpackr";
 import { BadRequestError, KeyopError } from "../errors.ts";
-import type { BatchEntry, Messenger, PublishResult } from "../messenger/messenger.ts";
+import type { BatchEntry, Messenger, PublishOptions, PublishResult } from "../messenger/messenger.ts";
 import { json, mediaType, readBody } from "./http.ts";
 
-const FIELDS = new Set(["type", "payload", "correlation_id", "service_name", "ttl_ms"]);
+const FIELDS = new Set(["type", "payload", "correlation_id", "correlation_data", "service_name", "ttl_ms"]);
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 const msgpack = new Packr({ useRecords: false, mapsAsObjects: true });
 
@@ -29,13 +29,15 @@ const MSGPACK_TYPES = new Set(["application/msgpack", "application/x-msgpack", "
 function entryOf(channel: string, o: unknown, where: string): BatchEntry {
   if (o === null || typeof o !== "object" || Array.isArray(o)) throw new BadRequestError(`${where}: a message must be a JSON object with "type" and "payload"`);
   const m = o as Record<string, unknown>;
-  for (const k of Object.keys(m)) if (!FIELDS.has(k)) throw new BadRequestError(`${where}: unknown field "${k}" (expected type, payload, correlation_id, service_name, ttl_ms)`);
+  for (const k of Object.keys(m)) if (!FIELDS.has(k)) throw new BadRequestError(`${where}: unknown field "${k}" (expected type, payload, correlation_id, correlation_data, service_name, ttl_ms)`);
   if (typeof m.type !== "string" || m.type.length === 0) throw new BadRequestError(`${where}: "type" is required and must be a non-empty string`);
-  const opts: { correlationId?: string; serviceName?: string; ttlMs?: number } = {};
+  const opts: PublishOptions = {};
   if (m.correlation_id !== undefined) {
     if (typeof m.correlation_id !== "string") throw new BadRequestError(`${where}: "correlation_id" must be a string`);
     opts.correlationId = m.correlation_id;
   }
+  // The bytes an MQTT 5 requester expects back with its reply, as its request's envelope showed them.
+  if (m.correlation_data !== undefined) opts.meta = { correlationData: correlationData(m.correlation_data, where) };
   if (m.service_name !== undefined) {
     if (typeof m.service_name !== "string") throw new BadRequestError(`${where}: "service_name" must be a string`);
     opts.serviceName = m.service_name;
@@ -45,6 +47,17 @@ function entryOf(channel: string, o: unknown, where: string): BatchEntry {
     opts.ttlMs = m.ttl_ms;
   }
   return { channel, type: m.type, payload: m.payload === undefined ? null : m.payload, opts };
+}
+
+/** `correlation_data` as `{"$base64": "..."}` (how envelopes show bytes), a UTF-8 string, or msgpack bytes. */
+function correlationData(v: unknown, where: string): Uint8Array {
+  if (v instanceof Uint8Array) return v;
+  if (typeof v === "string") return new TextEncoder().encode(v);
+  const b64 = v !== null && typeof v === "object" ? (v as { $base64?: unknown }).$base64 : undefined;
+  if (typeof b64 !== "string" || Object.keys(v as object).length !== 1 || !/^[A-Za-z0-9+/]*={0,2}$/.test(b64)) {
+    throw new BadRequestError(`${where}: "correlation_data" must be a string or {"$base64": "..."}`);
+  }
+  return new Uint8Array(Buffer.from(b64, "base64"));
 }
 
 function text(body: Uint8Array): string {

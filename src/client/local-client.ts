@@ -52,6 +52,8 @@ export interface OutgoingMessage {
   serviceName?: string;
   /** Time to live, ms: after it the message is neither delivered nor forwarded. */
   ttlMs?: number;
+  /** Bytes an MQTT 5 requester expects back with the reply (its correlation data). */
+  correlationData?: Uint8Array;
 }
 
 /** Sharing a subscriber with other consumers (a queue group). */
@@ -110,6 +112,8 @@ export function fromWire(w: Record<string, unknown>): Message {
   if (typeof w.correlation_id === "string") m.correlationId = w.correlation_id;
   if (typeof w.service_name === "string") m.serviceName = w.service_name;
   if (typeof w.reply_to === "string") m.replyTo = w.reply_to;
+  const cd = (w.correlation_data as { $base64?: unknown } | undefined)?.$base64;
+  if (typeof cd === "string") m.correlationData = new Uint8Array(Buffer.from(cd, "base64"));
   if (typeof w.expires === "number") m.expires = w.expires;
   return m;
 }
@@ -119,6 +123,7 @@ const wireOut = (m: OutgoingMessage) => {
   if (m.correlationId !== undefined) o.correlation_id = m.correlationId;
   if (m.serviceName !== undefined) o.service_name = m.serviceName;
   if (m.ttlMs !== undefined) o.ttl_ms = m.ttlMs;
+  if (m.correlationData !== undefined) o.correlation_data = { $base64: Buffer.from(m.correlationData).toString("base64") };
   return o;
 };
 
@@ -162,7 +167,7 @@ export class LocalClient {
   }
 
   /** Publishes one message; resolves after the agent's durable write. */
-  publish(channel: string, type: string, payload: unknown, opts: { correlationId?: string; serviceName?: string; ttlMs?: number } = {}): Promise<PublishReceipt> {
+  publish(channel: string, type: string, payload: unknown, opts: { correlationId?: string; serviceName?: string; ttlMs?: number; correlationData?: Uint8Array } = {}): Promise<PublishReceipt> {
     return this.call("POST", `/v1/channels/${seg(channel)}/messages`, JSON.stringify(wireOut({ type, payload, ...opts })));
   }
 
@@ -183,7 +188,7 @@ export class LocalClient {
   /** Answers `request` (a message with `replyTo`): the reply goes to its requester only, and is not stored. */
   reply(request: Message, type: string, payload: unknown): Promise<PublishReceipt> {
     if (!request.replyTo) throw new Error(`message ${request.id} carries no reply_to: it is not a request`);
-    return this.publish(request.replyTo, type, payload, { correlationId: request.id });
+    return this.publish(request.replyTo, type, payload, { correlationId: request.id, ...(request.correlationData ? { correlationData: request.correlationData } : {}) });
   }
 
   /** Publishes many messages to one channel in one request (NDJSON). */

@@ -374,7 +374,9 @@ export class Messenger {
    */
   reply(request: Message, type: string, payload: unknown, opts: PublishOptions = {}): Promise<PublishResult> {
     if (!request.replyTo) throw new InvalidArgumentError(`message ${request.id} carries no reply_to: it is not a request`);
-    return this.publish(request.replyTo, type, payload, { ...opts, correlationId: request.id });
+    // An MQTT 5 requester tells its replies apart by the correlation data it sent: echoed.
+    const meta = request.correlationData && !opts.meta?.correlationData ? { ...opts.meta, correlationData: request.correlationData } : opts.meta;
+    return this.publish(request.replyTo, type, payload, { ...opts, correlationId: request.id, ...(meta ? { meta } : {}) });
   }
 
   /**

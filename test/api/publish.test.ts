@@ -25,6 +25,19 @@ describe("POST /v1/channels/{channel}/messages", () => {
     expect(m).toMatchObject({ id: body.id, seq: 1, type: "reading", payload: { c: 21.5 }, correlation_id: "c-1", service_name: "probe", origin: "test-agent", route: ["test-agent"] });
   });
 
+  test("correlation_data as base64 bytes or text is stored as bytes; anything else is 400", async () => {
+    const ok = await a.call("POST", "/v1/channels/cd.a/messages", JSON.stringify({ type: "r", payload: 1, correlation_data: { $base64: "AAEC+g==" } }));
+    expect(ok.status).toBe(201);
+    expect((await a.call("POST", "/v1/channels/cd.a/messages", JSON.stringify({ type: "r", payload: 2, correlation_data: "abc" }))).status).toBe(201);
+    const [m1, m2] = await pullAll("cd.a", "cd");
+    expect(m1.correlation_data).toEqual({ $base64: "AAEC+g==" });
+    expect(m2.correlation_data).toEqual({ $base64: Buffer.from("abc").toString("base64") });
+    for (const bad of [42, { $base64: "!!" }, { $base64: "AA==", x: 1 }, null]) {
+      const r = await a.call("POST", "/v1/channels/cd.a/messages", JSON.stringify({ type: "r", payload: 1, correlation_data: bad }));
+      expect(r.status).toBe(400);
+    }
+  });
+
   test("NDJSON batch: one result per line, in order, blank lines skipped", async () => {
     const lines = [1, 2, 3].map((i) => JSON.stringify({ type: "n", payload: i })).join("\n\n") + "\n";
     const r = await a.call("POST", "/v1/channels/batch.a/messages", lines, { "content-type": "application/x-ndjson" });

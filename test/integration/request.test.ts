@@ -148,4 +148,28 @@ describe("request/reply through the agent", () => {
     expect(JSON.parse(text)).toEqual({ tripled: 15 });
     await c.endAsync();
   });
+
+  test("an MQTT 5 requester gets its correlation data back from a keyop sub --reply responder", async () => {
+    const responder = spawnLines([BUN, MAIN, "sub", "svc.mq", "--name", "mq-resp", "--exec", "echo '{\"ok\":true}'", "--reply", "--socket", agent.socket]);
+    children.push(responder);
+    const c = await mqtt.connectAsync(`mqtt://127.0.0.1:${mqttPort}`, { protocolVersion: 5, clean: true });
+    const got: { payload: string; cd?: Buffer }[] = [];
+    c.on("message", (_t, payload, packet) => got.push({ payload: payload.toString(), cd: packet.properties?.correlationData as Buffer | undefined }));
+    await c.subscribeAsync("resp/mq", { qos: 1 });
+    const cd = Buffer.from([0, 1, 2, 250]);
+    // Sent until the responder is attached (before, nobody takes it: the subscriber starts at latest).
+    await waitFor(
+      async () => {
+        if (got.length > 0) return true;
+        await c.publishAsync("svc/mq", JSON.stringify({ n: 1 }), { qos: 1, properties: { responseTopic: "resp/mq", correlationData: cd } });
+        await Bun.sleep(200);
+        return got.length > 0;
+      },
+      "a reply on the response topic",
+      20_000,
+    );
+    expect(JSON.parse(got[0]!.payload).ok).toBe(true);
+    expect(got[0]!.cd && Buffer.from(got[0]!.cd).equals(cd)).toBe(true);
+    await c.endAsync();
+  }, 30_000);
 });
