@@ -76,6 +76,25 @@ describe("examples in other languages", () => {
     expect(JSON.parse(lines[3]!)).toMatchObject({ channel: "sh.events", cursor: 3 });
   });
 
+  test("shell: two curl workers of one queue group share the messages, each handled once", async () => {
+    const body = Array.from({ length: 20 }, (_, i) => JSON.stringify({ type: "job", payload: i })).join("\n") + "\n";
+    await fetch("http://k/v1/channels/sh.jobs/messages", { method: "POST", body, headers: { "content-type": "application/x-ndjson" }, unix: agent.socket } as RequestInit);
+    // Ten each: neither can finish unless the other takes its share.
+    const [w1, w2] = await Promise.all([run(["sh", join(EXAMPLES, "shell/worker.sh"), "sh.jobs", "sh-workers", "10"]), run(["sh", join(EXAMPLES, "shell/worker.sh"), "sh.jobs", "sh-workers", "10"])]);
+    for (const w of [w1, w2]) {
+      expect(w.err).toBe("");
+      expect(w.code).toBe(0);
+    }
+    const seqs = [w1, w2].flatMap((w) =>
+      w.out
+        .trim()
+        .split("\n")
+        .map((l) => Number(l.split(" ")[0])),
+    );
+    expect(seqs.sort((a, b) => a - b)).toEqual(Array.from({ length: 20 }, (_, i) => i + 1));
+    await waitFor(async () => (await channelInfo("sh.jobs")).subscribers.find((s: any) => s.name === "sh-workers")?.cursor === 21, "all acked");
+  });
+
   test("C: compiled with cc, publishes over POSIX sockets", async () => {
     const bin = join(tmpDir(), "publish");
     const cc = await run(["cc", "-O2", "-Wall", "-Wextra", "-Werror", "-o", bin, join(EXAMPLES, "c/publish.c")]);

@@ -389,6 +389,41 @@ describe("MQTT 5 shared subscriptions", () => {
     await waitFor(() => !t.agent.messenger.subscribers().some((s) => s.name === "mqtt-share.g2"), "the group's subscriber deleted");
   });
 
+  test("an MQTT member and an HTTP stream on the group's subscriber share one queue group", async () => {
+    const m = await client("sh3-mqtt");
+    const got = collect(m);
+    await m.subscribeAsync("$share/mixed/sh3/jobs", { qos: 1 });
+    // The same group seen from the HTTP API: subscriber mqtt-share.mixed on sh3.jobs, with queue=true.
+    const ctl = new AbortController();
+    const res = await fetch("http://k/v1/channels/sh3.jobs/stream?subscriber=mqtt-share.mixed&queue=true&max_inflight=1", { unix: t.socket, signal: ctl.signal } as RequestInit);
+    expect(res.status).toBe(200);
+    const httpGot: number[] = [];
+    const reading = (async () => {
+      const dec = new TextDecoder();
+      try {
+        for await (const chunk of res.body as AsyncIterable<Uint8Array>)
+          for (const line of dec.decode(chunk).split("\n"))
+            if (line.trim()) {
+              const e = JSON.parse(line);
+              httpGot.push(e.seq);
+              await t.call("POST", "/v1/channels/sh3.jobs/subscribers/mqtt-share.mixed/ack", JSON.stringify({ seq: e.seq }));
+            }
+      } catch {
+        // aborted
+      }
+    })();
+    const pub = await client("sh3-pub");
+    for (let i = 0; i < 20; i++) await pub.publishAsync("sh3/jobs", `job ${i}`, { qos: 1 });
+    await waitFor(() => got.length + httpGot.length === 20, "twenty jobs, once each");
+    expect(got.length).toBeGreaterThan(0);
+    expect(httpGot.length).toBeGreaterThan(0);
+    expect(t.agent.messenger.queues.get("sh3.jobs", "mqtt-share.mixed")?.size).toBe(2);
+    // An exclusive stream may not take the group's subscriber over.
+    expect((await t.call("GET", "/v1/channels/sh3.jobs/stream?subscriber=mqtt-share.mixed")).status).toBe(409);
+    ctl.abort();
+    await reading;
+  });
+
   test("a malformed $share filter is refused with 0x8F", async () => {
     const { default: packet } = await import("mqtt-packet");
     const packets: Record<string, unknown>[] = [];
