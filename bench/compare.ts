@@ -24,6 +24,7 @@ import { bin, cpuOf, ensureInstalled, freePort, Servers, type ConfServer, type S
 import { RawHttp } from "./raw-http.ts";
 import { scaleOut } from "./scale-out.ts";
 import { requestReply } from "./request.ts";
+import { queueGroups } from "./queue.ts";
 import { shapedLink } from "./shaped.ts";
 import { steady } from "./steady.ts";
 import { barChart, type Bar } from "./svg.ts";
@@ -695,6 +696,7 @@ try {
     ["7 scale-out: hub tier on JetStream", async () => void rows.push(...(await scaleOut({ root, quick, started })))],
     ["8 shaped link", async () => void rows.push(...(await shapedLink({ servers, quick, only: only?.startsWith("shaped") ? only : undefined })))],
     ["9 request/reply", async () => void rows.push(...(await requestReply({ servers, quick })))],
+    ["10 queue group", async () => void rows.push(...(await queueGroups({ servers, quick })))],
   ];
   for (const [name, fn] of steps) {
     if (only && !name.includes(only) && !(name === "6 steady rate" && only.startsWith("steady")) && !(name === "8 shaped link" && only.startsWith("shaped"))) continue;
