@@ -53,8 +53,16 @@ export interface HubTier {
       audit: AuditLog | undefined;
       laneOf?: ((channel: string) => number) | undefined;
       maxBytesPerS?: number | undefined;
+      /** Told of each request sent to the peer: its inbox and when it expires. */
+      onRequest?: ((inbox: string, expires: number) => void) | undefined;
     },
   ): Sender;
+  /**
+   * A reply from a peer to a request that entered the tier from elsewhere
+   * (a NATS client): sent on towards its requester; false when its inbox is
+   * not one of the tier's.
+   */
+  reply?(inbox: string, body: Uint8Array): boolean;
 }
 
 /** The federation side of an agent. */
@@ -172,7 +180,7 @@ export class Federation implements LinkDialer {
       this.audit?.record("policy_violation", { peer: s.peer.name, channel: r.inbox, reason: "a reply to a request that was not sent to this peer (or has expired)" });
       return;
     }
-    if (!this.messenger.deliverForeignReply(r.inbox, r.body) && !this.sendBack(r.inbox, r.body)) {
+    if (!this.messenger.deliverForeignReply(r.inbox, r.body) && !this.sendBack(r.inbox, r.body) && !this.tier?.reply?.(r.inbox, r.body)) {
       this.logger.info("a reply found no request waiting (it timed out, or its way back is down)", { peer: s.peer.name, inbox: r.inbox });
     }
     this.replies.done(r.inbox);
@@ -262,7 +270,16 @@ export class Federation implements LinkDialer {
     let tierSender: Sender | undefined;
     if (this.tier && s.role === "hub") {
       try {
-        tierSender = this.tier.sender(s, { patterns, allow: allow ?? (() => true), start, volatile, audit: this.audit, laneOf: shape.laneOf, maxBytesPerS: shape.maxBytesPerS });
+        tierSender = this.tier.sender(s, {
+          patterns,
+          allow: allow ?? (() => true),
+          start,
+          volatile,
+          audit: this.audit,
+          laneOf: shape.laneOf,
+          maxBytesPerS: shape.maxBytesPerS,
+          onRequest: (inbox, expires) => this.replies.sent(inbox, s.peer.name, expires),
+        });
       } catch (err) {
         s.close("unavailable", `cannot read the streams: ${err instanceof Error ? err.message : String(err)}`);
         return undefined;

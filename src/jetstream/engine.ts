@@ -367,6 +367,25 @@ export class JetStreamEngine implements HubStore, StreamSource {
     return this.positionStore;
   }
 
+  /**
+   * Publishes a reply to a NATS client's request on its subject (core NATS:
+   * a reply is not stored). The payload as JSON text (bytes as they are),
+   * the envelope's labels as headers. False when not connected.
+   */
+  publishReply(subject: string, reply: Uint8Array): boolean {
+    const nc = this.nc;
+    if (!nc || nc.isClosed()) return false;
+    const m = decodeEnvelope(reply, 0);
+    const h = natsHeaders();
+    h.set("Keyop-Id", m.id);
+    h.set("Keyop-Type", m.type);
+    h.set("Keyop-Origin", m.origin);
+    if (m.correlationId !== undefined) h.set("Keyop-Correlation-Id", m.correlationId);
+    const data = m.payload instanceof Uint8Array ? m.payload : new TextEncoder().encode(toJson(m.payload ?? null));
+    nc.publish(subject, data, { headers: h });
+    return true;
+  }
+
   /** The configuration the engine runs (streams, prefix). */
   get config(): JetStreamConfig {
     return this.cfg;

@@ -9,7 +9,7 @@
 import { encodeEnvelope, type EnvelopeFields } from "../envelope/envelope.ts";
 import { fromJson } from "../envelope/json.ts";
 import { channelIs, envelopeId, scanEnvelope, utf8Bytes } from "../envelope/scan.ts";
-import { subjectChannel } from "./subjects.ts";
+import { inboxReplySubject, replySubjectInbox, subjectChannel } from "./subjects.ts";
 
 /** A message read from a stream, as the reader needs it. */
 export interface StreamMessage {
@@ -69,7 +69,10 @@ export function downRecord(m: StreamMessage, o: { prefix: string; stream: string
     // not JSON text: the bytes as they are
   }
   const correlationId = m.header("Keyop-Correlation-Id");
+  const meta = requestMeta(m);
+  if ("skip" in meta) return meta;
   const body = encodeEnvelope({
+    ...meta,
     id,
     ts: Math.floor(m.timestampMs),
     channel,
@@ -81,6 +84,33 @@ export function downRecord(m: StreamMessage, o: { prefix: string; stream: string
   });
   if (body.length > o.maxBytes) return { skip: `message of ${body.length} bytes exceeds the limit of ${o.maxBytes}` };
   return { channel, id, body };
+}
+
+/** Requests wait this long for their reply when `Keyop-Ttl-Ms` does not say (ms). */
+export const DEFAULT_REQUEST_TTL_MS = 30_000;
+
+/**
+ * A NATS client's request: `Keyop-Reply-To` (the subject the reply is
+ * published to) and `Keyop-Ttl-Ms` (how long, from when JetStream stored
+ * it, the message may still be delivered; for a request also how long its
+ * reply is taken).
+ */
+function requestMeta(m: StreamMessage): { replyTo?: string; expires?: number } | { skip: string } {
+  const out: { replyTo?: string; expires?: number } = {};
+  const ttl = m.header("Keyop-Ttl-Ms");
+  if (ttl !== undefined && ttl !== "") {
+    const ms = Number(ttl);
+    if (!Number.isSafeInteger(ms) || ms <= 0) return { skip: `header Keyop-Ttl-Ms ${JSON.stringify(ttl)} is not a positive integer` };
+    out.expires = Math.floor(m.timestampMs) + ms;
+  }
+  const replyTo = m.header("Keyop-Reply-To");
+  if (replyTo !== undefined && replyTo !== "") {
+    const inbox = replySubjectInbox(replyTo);
+    if (inboxReplySubject(inbox) !== replyTo) return { skip: `header Keyop-Reply-To ${JSON.stringify(replyTo)} is not a NATS subject` };
+    out.replyTo = inbox;
+    out.expires ??= Math.floor(m.timestampMs) + DEFAULT_REQUEST_TTL_MS;
+  }
+  return out;
 }
 
 /** The envelope in a stream message stored as the HTTP API's JSON (`format: json`) for `channel`, or null. */

@@ -8,7 +8,7 @@
  * and the board drops those by id.
  */
 import { compileRules, type Matcher } from "../envelope/names.ts";
-import { routeIncludes, scanEnvelope, utf8Bytes } from "../envelope/scan.ts";
+import { envelopeReplyTo, routeIncludes, scanEnvelope, utf8Bytes } from "../envelope/scan.ts";
 import type { AuditLog } from "../federation/audit.ts";
 import type { Sender } from "../federation/forwarder.ts";
 import type { ChannelBacklog, Link } from "../federation/link.ts";
@@ -87,6 +87,8 @@ export interface StreamForwarderOptions {
   laneOf?: (channel: string) => number;
   /** Cap on the wire bytes of data sent per second; none when absent. */
   maxBytesPerS?: number | undefined;
+  /** Told of each request sent (a record with `reply_to`): its inbox and when it expires. */
+  onRequest?: ((inbox: string, expires: number) => void) | undefined;
 }
 
 /** A stretch of stream sequences: sent in one batch, or passed over. */
@@ -197,12 +199,21 @@ export class StreamForwarder implements Sender {
         this.passOver(r, m.seq);
         continue;
       }
-      if (routeIncludes(rec.body, scanEnvelope(rec.body), this.peerBytes)) {
+      const view = scanEnvelope(rec.body);
+      if (routeIncludes(rec.body, view, this.peerBytes)) {
         // It came from this board: never sent back.
         this.stats.loopSkipped++;
         this.passOver(r, m.seq);
         continue;
       }
+      if (view.expires > 0 && view.expires <= Date.now()) {
+        // Expired (a request nobody waits for any more): not sent, as a hub's own forwarder skips it.
+        this.stats.passed++;
+        this.passOver(r, m.seq);
+        continue;
+      }
+      // A request: its reply is taken from this board only (federation/reply-routes.ts).
+      if (view.replyToStart >= 0 && this.o.onRequest) this.o.onRequest(envelopeReplyTo(rec.body, view)!, view.expires);
       const g = this.group;
       if (g && (g.reading !== r || g.channel !== rec.channel || g.bytes + rec.body.length > this.maxBatchBytes - 1024)) this.flush();
       if (!this.group) {

@@ -41,3 +41,24 @@ export function subjectMatcher(filter: string): (subject: string) => boolean {
     return true;
   };
 }
+
+/**
+ * The inbox channel of a request that a NATS client published into the
+ * tier with a reply subject (`Keyop-Reply-To`): the subject, base64url
+ * encoded, so that whichever hub gets the board's reply can publish it
+ * to the subject without knowing which hub the request went through.
+ */
+export function replySubjectInbox(subject: string): string {
+  return `${NATS_INBOX}${Buffer.from(subject, "utf8").toString("base64url")}`;
+}
+
+/** The NATS subject a tier inbox stands for, or null for any other channel. */
+export function inboxReplySubject(inbox: string): string | null {
+  if (!inbox.startsWith(NATS_INBOX)) return null;
+  const token = inbox.slice(NATS_INBOX.length);
+  if (!/^[A-Za-z0-9_-]+$/.test(token)) return null;
+  const subject = Buffer.from(token, "base64url").toString("utf8");
+  return /^[^\s*>]+$/.test(subject) && !subject.split(".").includes("") ? subject : null;
+}
+
+const NATS_INBOX = "_inbox.nats.";

@@ -8,6 +8,7 @@ import type { HubTier } from "../federation/federation.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { JetStreamEngine } from "./engine.ts";
 import { planStreams, StreamForwarder } from "./stream-forwarder.ts";
+import { inboxReplySubject } from "./subjects.ts";
 
 /** The tier on `engine`; `name` is the instance name every hub of the tier shares. */
 export function jetstreamTier(engine: JetStreamEngine, o: { name: string; window: number; maxBatchBytes: number; maxMessageBytes: number; logger: Logger }): HubTier {
@@ -36,7 +37,18 @@ export function jetstreamTier(engine: JetStreamEngine, o: { name: string; window
         },
         laneOf: s.laneOf,
         maxBytesPerS: s.maxBytesPerS,
+        onRequest: s.onRequest,
       });
+    },
+    reply: (inbox, body) => {
+      const subject = inboxReplySubject(inbox);
+      if (subject === null) return false;
+      try {
+        return engine.publishReply(subject, body);
+      } catch (err) {
+        o.logger.warn("a reply for a NATS requester was not sent", { subject, error: String(err) });
+        return false;
+      }
     },
   };
 }

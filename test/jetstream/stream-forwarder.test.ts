@@ -5,7 +5,8 @@ import { AuditLog } from "../../src/federation/audit.ts";
 import { FrameDecoder, FrameType } from "../../src/federation/frame.ts";
 import type { Link } from "../../src/federation/link.ts";
 import { parseBatch, type Batch } from "../../src/federation/messages.ts";
-import { downRecord, streamMessageId, type StreamMessage } from "../../src/jetstream/foreign.ts";
+import { DEFAULT_REQUEST_TTL_MS, downRecord, streamMessageId, type StreamMessage } from "../../src/jetstream/foreign.ts";
+import { inboxReplySubject, replySubjectInbox } from "../../src/jetstream/subjects.ts";
 import { MemoryPositions, positionKey } from "../../src/jetstream/positions.ts";
 import { planStreams, StreamForwarder, type StreamSource } from "../../src/jetstream/stream-forwarder.ts";
 import { subjectChannel } from "../../src/jetstream/subjects.ts";
@@ -72,7 +73,7 @@ function forwarder(
   source: StreamSource,
   positions: MemoryPositions | null,
   link: Link,
-  o: { patterns?: string[]; start?: "earliest" | "latest"; window?: number; audit?: AuditLog; allow?: (c: string) => boolean } = {},
+  o: { patterns?: string[]; start?: "earliest" | "latest"; window?: number; audit?: AuditLog; allow?: (c: string) => boolean; onRequest?: (inbox: string, expires: number) => void } = {},
 ) {
   return new StreamForwarder({
     source,
@@ -88,6 +89,7 @@ function forwarder(
     maxMessageBytes: 1 << 20,
     logger: silentLogger,
     audit: o.audit,
+    onRequest: o.onRequest,
   });
 }
 
@@ -220,6 +222,27 @@ describe("StreamForwarder", () => {
     await running;
   });
 
+  test("a NATS client's request is sent with its inbox noted; an expired one is not sent", async () => {
+    const s = new MemoryStream();
+    const now = Date.now();
+    // Stored by a NATS client: headers for the reply subject and the time to live.
+    const ask = (ttl: string) => ({ "Keyop-Reply-To": "_INBOX.abc.1", "Keyop-Ttl-Ms": ttl });
+    s.msgs.push({ subject: "kp.cmd.board.old", data: new TextEncoder().encode("{}"), seq: 1, timestampMs: now - 60_000, header: (n) => ask("1000")[n as keyof ReturnType<typeof ask>] });
+    s.msgs.push({ subject: "kp.cmd.board.ask", data: new TextEncoder().encode('{"n":1}'), seq: 2, timestampMs: now, header: (n) => ask("5000")[n as keyof ReturnType<typeof ask>] });
+    const noted: [string, number][] = [];
+    const link = fakeLink("board");
+    const f = forwarder(s, new MemoryPositions(), link, { onRequest: (inbox, expires) => noted.push([inbox, expires]) });
+    const running = f.run();
+    await waitFor(() => link.batches.length === 1, "the live request");
+    expect(link.batches[0]!.channel).toBe("cmd.board.ask");
+    const e = decodeEnvelope(link.batches[0]!.records[0]!, 0);
+    expect(e.replyTo).toBe(replySubjectInbox("_INBOX.abc.1"));
+    expect(e.expires).toBe(now + 5000);
+    expect(noted).toEqual([[replySubjectInbox("_INBOX.abc.1"), now + 5000]]);
+    f.stop();
+    await running;
+  });
+
   test("an ephemeral peer reads from the end and keeps no position", async () => {
     const s = new MemoryStream();
     s.append("cmd.board.a", envelope("cmd.board.a", 0));
@@ -265,6 +288,23 @@ describe("downRecord", () => {
     if ("skip" in bytes) throw new Error("expected a record");
     expect(decodeEnvelope(bytes.body, 0)).toMatchObject({ type: "nats", origin: "nats" });
     expect(new Uint8Array(decodeEnvelope(bytes.body, 0).payload as Uint8Array)).toEqual(new Uint8Array([0xff, 0x00]));
+  });
+
+  test("a request from a NATS client: Keyop-Reply-To becomes an inbox that names the subject, Keyop-Ttl-Ms its expiry (30 s by default)", () => {
+    const o = { prefix: "kp", stream: "CMD", tier: "hub", maxBytes: 1 << 20 };
+    const m = (h: Record<string, string>): StreamMessage => ({ subject: "kp.cmd.board.x", data: new TextEncoder().encode("{}"), seq: 1, timestampMs: 1000, header: (n) => h[n] });
+    const r = downRecord(m({ "Keyop-Reply-To": "_INBOX.Ab-9.7" }), o);
+    if ("skip" in r) throw new Error(r.skip);
+    const e = decodeEnvelope(r.body, 0);
+    expect(inboxReplySubject(e.replyTo!)).toBe("_INBOX.Ab-9.7");
+    expect(e.expires).toBe(1000 + DEFAULT_REQUEST_TTL_MS);
+    const t = downRecord(m({ "Keyop-Ttl-Ms": "250" }), o);
+    if ("skip" in t) throw new Error(t.skip);
+    expect(decodeEnvelope(t.body, 0)).toMatchObject({ expires: 1250 });
+    expect(decodeEnvelope(t.body, 0).replyTo).toBeUndefined();
+    expect(downRecord(m({ "Keyop-Ttl-Ms": "soon" }), o)).toMatchObject({ skip: expect.stringContaining("Keyop-Ttl-Ms") });
+    expect(downRecord(m({ "Keyop-Reply-To": "bad subject" }), o)).toMatchObject({ skip: expect.stringContaining("Keyop-Reply-To") });
+    expect(downRecord(m({ "Keyop-Reply-To": "a.>" }), o)).toMatchObject({ skip: expect.stringContaining("Keyop-Reply-To") });
   });
 
   test("a subject that is not a channel, or a message too large, is passed over with the reason", () => {
