@@ -17,7 +17,7 @@
  * it is in the group, and so in order.
  */
 import { decodeEnvelope } from "../envelope/envelope.ts";
-import { InvalidArgumentError } from "../errors.ts";
+import { ConflictError, InvalidArgumentError } from "../errors.ts";
 import { CursorReader, type Delivery, STORED } from "./cursor-reader.ts";
 import type { DurableSubscriber, StoredEnvelope } from "./durable-subscriber.ts";
 import { Window } from "./window.ts";
@@ -416,7 +416,7 @@ export class QueueGroups {
     const k = QueueGroups.keyOf(sub.pattern, sub.name);
     let g = this.groups.get(k);
     if (g && g.key !== opts.key) {
-      throw new InvalidArgumentError(`subscriber ${sub.name} on ${sub.pattern} is a queue group ${g.key === undefined ? "without a key" : `keyed by "${g.key}"`}; join it with the same key`);
+      throw new ConflictError(`subscriber ${sub.name} on ${sub.pattern} is a queue group ${g.key === undefined ? "without a key" : `keyed by "${g.key}"`}; join it with the same key`);
     }
     if (!g) {
       g = new QueueGroup(sub, { key: opts.key, onError: this.onError });

@@ -127,4 +127,23 @@ describe("queue group streams", () => {
     slow.ws.close();
     fast.ws.close();
   });
+
+  test("key=device: the messages of one device go to one stream, in order", async () => {
+    const s1 = openStream("/v1/channels/qs.k/stream?subscriber=w&from=earliest&queue=true&key=device&max_inflight=50");
+    const s2 = openStream("/v1/channels/qs.k/stream?subscriber=w&queue=true&key=device&max_inflight=50");
+    expect([await s1.ready, await s2.ready]).toEqual([200, 200]);
+    // A member without the group's key is refused.
+    expect((await a.call("GET", "/v1/channels/qs.k/stream?subscriber=w&queue=true")).status).toBe(409);
+    for (let i = 0; i < 30; i++) await pub("qs.k", { device: `d${i % 4}`, i });
+    await waitFor(() => s1.got.length + s2.got.length === 30, "all thirty");
+    const devicesOf = (s: { got: any[] }) => new Set(s.got.map((m) => m.payload.device));
+    expect([...devicesOf(s1)].filter((d) => devicesOf(s2).has(d))).toEqual([]);
+    for (const s of [s1, s2]) {
+      const byDevice = new Map<string, number[]>();
+      for (const m of s.got) byDevice.set(m.payload.device, [...(byDevice.get(m.payload.device) ?? []), m.payload.i]);
+      for (const is of byDevice.values()) expect(is).toEqual([...is].sort((x, y) => x - y));
+    }
+    s1.close();
+    s2.close();
+  });
 });
