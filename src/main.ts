@@ -14,6 +14,8 @@ import { cmdPull } from "./cli/pull.ts";
 import { cmdChannels, cmdStatus, cmdVersion } from "./cli/info.ts";
 import { cmdCert } from "./cli/cert.ts";
 import { cmdPasswd } from "./cli/passwd.ts";
+import { cmdExport } from "./cli/export.ts";
+import { cmdImport } from "./cli/import.ts";
 import { tuneAllocator } from "./cli/allocator.ts";
 
 const USAGE = `usage: keyop <command> [options]
@@ -23,6 +25,8 @@ const USAGE = `usage: keyop <command> [options]
   request    send a request and print the reply
   sub        stream messages to stdout or into a command (--exec)
   pull       pull messages once
+  export     write a channel's messages from the log files (agent running or not)
+  import     store exported messages back (ids kept: duplicates dropped)
   channels   list channels and subscribers
   status     show the agent's status
   cert       make and inspect federation certificates (ca, issue, inspect)
@@ -37,6 +41,8 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   request: cmdRequest,
   sub: cmdSub,
   pull: cmdPull,
+  export: cmdExport,
+  import: cmdImport,
   channels: cmdChannels,
   status: cmdStatus,
   version: cmdVersion,

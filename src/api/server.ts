@@ -17,6 +17,7 @@ import type { ExtraGauges } from "../observability/metrics.ts";
 import { renderMetrics } from "./metrics.ts";
 import { handleRequest } from "./request.ts";
 import { boolParam, errorBody, errorResponse, fromParam, intParam, json, requiredParam, statusOf } from "./http.ts";
+import { handleImport } from "./import.ts";
 import { handlePublish, type PublishLimits } from "./publish.ts";
 import { prepareSocketPath } from "../net/socket-file.ts";
 import { DEFAULT_ACK_WAIT_MS, QueueStreamSession, type Stream, StreamRegistry, StreamSession, streamResponse, wsHandlers, type WsData } from "./stream.ts";
@@ -144,6 +145,7 @@ export class ApiServer {
       return json(200, this.status());
     }
     if (p === "v1/channels") return only(method, "GET") ?? json(200, this.channels());
+    if (p === "v1/import") return only(method, "POST") ?? handleImport(req, m, this.opts.limits.maxBatchBytes);
     if (seg[0] !== "v1" || seg[1] !== "channels" || seg.length < 4) return errorBody(404, "not_found", `no route for ${url.pathname}`);
     const target = seg[2]!;
     const rest = seg.slice(3).join("/");

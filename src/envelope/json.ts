@@ -3,7 +3,7 @@
  * raw bytes; in JSON they become `{"$base64": "..."}` so nothing is lost
  * and a reader can tell bytes from text.
  */
-import { toWire, type Message } from "./envelope.ts";
+import { type EnvelopeFields, readMeta, toWire, type Message } from "./envelope.ts";
 
 /** Walks at most `budget` nodes looking for bytes; true if found (or too big to tell). */
 function hasBinary(v: unknown, budget = { n: 2000 }): boolean {
@@ -43,4 +43,34 @@ function reviver(_key: string, value: unknown): unknown {
 /** The value of JSON text written by `toJson`: `{"$base64": ...}` becomes bytes again. */
 export function fromJson(text: string): unknown {
   return JSON.parse(text, reviver);
+}
+
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/**
+ * The envelope a wire-form object stands for (`envelopeJson` parsed with
+ * `fromJson`, or the same map in msgpack): its id, time, origin and route
+ * as given. Null when it is not one (`channel`, when given, must be its
+ * channel).
+ */
+export function envelopeFromWire(v: unknown, channel?: string): EnvelopeFields | null {
+  if (v === null || typeof v !== "object" || Array.isArray(v)) return null;
+  const e = v as Record<string, unknown>;
+  const label = (x: unknown) => x === undefined || (typeof x === "string" && x.length > 0);
+  if (typeof e.id !== "string" || !UUID.test(e.id) || typeof e.channel !== "string" || (channel !== undefined && e.channel !== channel)) return null;
+  if (typeof e.origin !== "string" || typeof e.type !== "string" || e.type === "" || typeof e.ts !== "number" || !Number.isFinite(e.ts)) return null;
+  if (!Array.isArray(e.route) || !e.route.every((r) => typeof r === "string") || !label(e.correlation_id) || !label(e.service_name)) return null;
+  const out: EnvelopeFields = {
+    id: e.id.toLowerCase(),
+    ts: e.ts,
+    channel: e.channel,
+    origin: e.origin,
+    type: e.type,
+    correlationId: e.correlation_id as string | undefined,
+    serviceName: e.service_name as string | undefined,
+    route: e.route as string[],
+    payload: e.payload === undefined ? null : e.payload,
+  };
+  readMeta(e, out);
+  return out;
 }

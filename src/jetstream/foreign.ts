@@ -7,7 +7,7 @@
  * that gets it twice (after moving to another hub) drops the second copy.
  */
 import { encodeEnvelope, type EnvelopeFields } from "../envelope/envelope.ts";
-import { fromJson } from "../envelope/json.ts";
+import { envelopeFromWire, fromJson } from "../envelope/json.ts";
 import { channelIs, envelopeId, scanEnvelope, utf8Bytes } from "../envelope/scan.ts";
 import { inboxReplySubject, replySubjectInbox, subjectChannel } from "./subjects.ts";
 
@@ -116,26 +116,9 @@ function requestMeta(m: StreamMessage): { replyTo?: string; expires?: number } |
 /** The envelope in a stream message stored as the HTTP API's JSON (`format: json`) for `channel`, or null. */
 function jsonEnvelope(data: Uint8Array, channel: string): EnvelopeFields | null {
   if (data[0] !== 0x7b) return null; // "{"
-  let v: unknown;
   try {
-    v = fromJson(utf8.decode(data));
+    return envelopeFromWire(fromJson(utf8.decode(data)), channel);
   } catch {
     return null;
   }
-  if (v === null || typeof v !== "object" || Array.isArray(v)) return null;
-  const e = v as Record<string, unknown>;
-  const labels = (x: unknown) => x === undefined || typeof x === "string";
-  if (typeof e.id !== "string" || !UUID.test(e.id) || e.channel !== channel || typeof e.origin !== "string" || typeof e.type !== "string") return null;
-  if (typeof e.ts !== "number" || !Array.isArray(e.route) || !e.route.every((r) => typeof r === "string") || !labels(e.correlation_id) || !labels(e.service_name)) return null;
-  return {
-    id: e.id,
-    ts: e.ts,
-    channel,
-    origin: e.origin,
-    type: e.type,
-    correlationId: e.correlation_id as string | undefined,
-    serviceName: e.service_name as string | undefined,
-    route: e.route as string[],
-    payload: e.payload,
-  };
 }

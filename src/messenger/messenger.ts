@@ -5,7 +5,7 @@
  * (after fdatasync with the default `always`); subscribers are durable named
  * cursors that see every message at least once, in order per channel.
  */
-import { assertLabel, decodeEnvelope, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
+import { assertLabel, decodeEnvelope, encodeEnvelope, type EnvelopeFields, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
 import { buildEnvelope, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
 import { BufferFullError, ClosedError, ConflictError, InvalidArgumentError, KeyopError, NoRequestError, NoRespondersError, RouteDownError, TooLargeError } from "../errors.ts";
@@ -22,6 +22,7 @@ import { Subscription, type Handler, type SubscribeOptions, type SubscriptionHos
 import { DurableSubscriber, type DurableSubscriberHost } from "./durable-subscriber.ts";
 import { type QueueGroupStats, QueueGroups } from "./queue-group.ts";
 import { QueueSubscription, type QueueSubscribeOptions } from "./queue-subscription.ts";
+import { ImportIndex } from "./import-index.ts";
 import { UnknownSubscriberError } from "../errors.ts";
 import type { CursorState } from "../store/cursor-store.ts";
 
@@ -150,6 +151,7 @@ export class Messenger {
   /** Subscribers whose messages several consumers share, while they have members. */
   readonly queues: QueueGroups;
   private readonly queueSubs = new Set<QueueSubscription>();
+  private readonly importIndex = new ImportIndex();
   /** Patterns with a consumer attached now (streams, MQTT, forwarders), with how many. */
   private readonly watching = new Map<string, number>();
   /**
@@ -334,6 +336,56 @@ export class Messenger {
     this.countersOf(channel).published += bodies.length;
     if (!this.policies.empty) this.trimIfOver(log);
     return seqs;
+  }
+
+  /**
+   * Stores messages exported from a log (`keyop import`) with their ids,
+   * times, origins and routes as they were (this instance added to the
+   * route). One whose id its channel holds already, or that comes twice,
+   * is a duplicate and dropped. Channel by channel: when one fails, those
+   * before it are stored, and importing again drops them as duplicates.
+   */
+  async importEnvelopes(fields: readonly EnvelopeFields[]): Promise<{ imported: number; duplicates: number }> {
+    if (this.state !== "open") throw new ClosedError();
+    const byChannel = new Map<string, EnvelopeFields[]>();
+    for (const f of fields) {
+      assertChannel(f.channel);
+      if (isInbox(f.channel)) throw new InvalidArgumentError(`${f.channel} is an inbox: replies are not stored`);
+      assertLabel(f.type, "type");
+      let list = byChannel.get(f.channel);
+      if (!list) {
+        list = [];
+        byChannel.set(f.channel, list);
+      }
+      list.push(f);
+    }
+    let imported = 0;
+    let duplicates = 0;
+    for (const [channel, list] of byChannel) {
+      const log = await this.logFor(channel);
+      const ids = await this.importIndex.idsOf(log);
+      const bodies: Uint8Array[] = [];
+      const added: string[] = [];
+      for (const f of list) {
+        if (ids.has(f.id)) {
+          duplicates++;
+          continue;
+        }
+        ids.add(f.id);
+        added.push(f.id);
+        const route = f.route[f.route.length - 1] === this.name ? f.route : [...f.route, this.name];
+        bodies.push(encodeEnvelope({ ...f, route }));
+      }
+      if (bodies.length === 0) continue;
+      try {
+        await this.ingest(channel, bodies);
+      } catch (err) {
+        for (const id of added) ids.delete(id);
+        throw err;
+      }
+      imported += bodies.length;
+    }
+    return { imported, duplicates };
   }
 
   /**
