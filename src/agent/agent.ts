@@ -3,7 +3,9 @@
  * local API on its Unix socket, started and stopped together.
  */
 import { federationGauges, jetstreamGauges, jetstreamJson, linkJson } from "./federation-view.ts";
+import { type StatsFs, statfsSync } from "node:fs";
 import { resolve } from "node:path";
+import type { ExtraGauges } from "../observability/metrics.ts";
 import { ApiServer } from "../api/server.ts";
 import type { AgentConfig } from "../config/schema.ts";
 import { KeyopError } from "../errors.ts";
@@ -29,7 +31,8 @@ export class Agent {
   private readonly startedAt = Date.now();
   private stopping: Promise<void> | null = null;
 
-  private tls: TlsMaterial | undefined;
+  /** @internal The certificates in use (reloaded on SIGHUP). */
+  tls: TlsMaterial | undefined;
   /** Hub listener and links, when configured. */
   federation: Federation | undefined;
   /** A hub tier's JetStream cluster, when `hub.jetstream` is set. */
@@ -100,6 +103,7 @@ export class Agent {
       const api = await ApiServer.start({
         socketPath: config.api.socket,
         socketMode: config.api.socketMode,
+        metricsListen: config.api.metricsListen,
         messenger,
         limits: { maxMessageBytes: config.api.maxMessageBytes, maxBatchBytes: batchLimit(config.api.maxMessageBytes) },
         logger,
@@ -107,6 +111,8 @@ export class Agent {
         beforeReport: async () => agent?.federation?.sampleHealth(),
         gauges: () => ({
           keyop_uptime_seconds: { help: "Seconds since the agent started.", value: (Date.now() - (agent?.startedAt ?? Date.now())) / 1000 },
+          ...diskGauges(config.storage.dataDir),
+          ...(agent?.tls ? tlsGauges(agent.tls) : {}),
           ...(agent?.federation ? federationGauges(agent.federation.links(), agent.federation.auditHealth()) : {}),
           ...(agent?.jetstream ? jetstreamGauges(agent.jetstream.state, agent.jetstream.stats) : {}),
           ...(agent?.mqtt
@@ -195,6 +201,31 @@ export class Agent {
     })();
     return this.stopping;
   }
+}
+
+/** The filesystem of the data directory, for alerts before it fills (statfs; nothing when it fails). */
+function diskGauges(dataDir: string): ExtraGauges {
+  let st: StatsFs;
+  try {
+    st = statfsSync(dataDir);
+  } catch {
+    return {};
+  }
+  return {
+    keyop_disk_free_bytes: { help: "Bytes free to the agent on the filesystem of the data directory.", value: st.bavail * st.bsize },
+    keyop_disk_size_bytes: { help: "Size in bytes of the filesystem of the data directory.", value: st.blocks * st.bsize },
+  };
+}
+
+/** When the certificates expire, as Unix time, for alerts days before. */
+function tlsGauges(m: TlsMaterial): ExtraGauges {
+  const help = "When the certificate expires (Unix time, seconds): cert=own is this instance's, cert=ca the CA's.";
+  return {
+    keyop_tls_cert_expiry_timestamp_seconds: [
+      { help, labels: { cert: "own" }, value: Math.floor(m.own.notAfter.getTime() / 1000) },
+      { help, labels: { cert: "ca" }, value: Math.floor(m.ca.notAfter.getTime() / 1000) },
+    ],
+  };
 }
 
 /** Certificate facts for /v1/status and logs. */

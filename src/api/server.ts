@@ -9,7 +9,8 @@ import { chmod } from "node:fs/promises";
 import { unlinkIfExists } from "../store/fsync-dir.ts";
 import type { Server } from "bun";
 import { assertChannel, assertName, assertPattern } from "../envelope/names.ts";
-import { BadRequestError, KeyopError } from "../errors.ts";
+import { BadRequestError, InUseError, KeyopError } from "../errors.ts";
+import { splitHostPort } from "../federation/redial.ts";
 import type { Messenger, MessengerStats } from "../messenger/messenger.ts";
 import type { LogHealth } from "../store/channel-log.ts";
 import type { Logger } from "../observability/logger.ts";
@@ -36,12 +37,15 @@ export interface ApiServerOptions {
   gauges?: () => ExtraGauges;
   /** Awaited before /v1/status and /metrics are rendered (figures that take a read to know). */
   beforeReport?: () => Promise<void>;
+  /** host:port where /metrics and /healthz are also served over TCP (nothing else is). */
+  metricsListen?: string | undefined;
 }
 
 /** A running API server. */
 export class ApiServer {
   private readonly opts: ApiServerOptions;
   private server: Server<WsData> | null = null;
+  private metricsServer: Server<undefined> | null = null;
   private readonly streams = new StreamRegistry();
   private draining = false;
   /** Aborted at stop: long-polls return at once with what they have. */
@@ -77,7 +81,36 @@ export class ApiServer {
     }
     await chmod(opts.socketPath, opts.socketMode);
     opts.logger.info("api listening", { socket: opts.socketPath, mode: "0" + opts.socketMode.toString(8) });
+    if (opts.metricsListen) {
+      const { hostname, port } = splitHostPort(opts.metricsListen);
+      try {
+        api.metricsServer = Bun.serve({ hostname, port, fetch: (req) => api.metricsOnly(req) });
+      } catch (err) {
+        await api.stop();
+        throw new InUseError(`cannot serve metrics on ${opts.metricsListen}: ${err instanceof Error ? err.message : String(err)}`);
+      }
+      opts.logger.info("metrics listening", { address: `${hostname}:${api.metricsServer.port}` });
+    }
     return api;
+  }
+
+  /** The port metrics are served on over TCP, if they are. */
+  get metricsPort(): number | undefined {
+    return this.metricsServer?.port;
+  }
+
+  /** The TCP listener for a Prometheus server: /metrics and /healthz, read-only, nothing else. */
+  private async metricsOnly(req: Request): Promise<Response> {
+    const path = new URL(req.url).pathname;
+    if (req.method !== "GET") return methodNotAllowed("GET");
+    if (path === "/healthz") return new Response("ok\n", { headers: { "content-type": "text/plain" } });
+    if (path !== "/metrics") return errorBody(404, "not_found", "only /metrics and /healthz are served here");
+    try {
+      await this.report();
+      return new Response(renderMetrics(this.opts.messenger, this.gauges()), { headers: { "content-type": "text/plain; version=0.0.4" } });
+    } catch (err) {
+      return errorResponse(err);
+    }
   }
 
   /** Requests being handled now (streams included). */
@@ -270,6 +303,8 @@ export class ApiServer {
    * closes the listener and removes the socket file.
    */
   async stop(graceMs = 10_000): Promise<void> {
+    this.metricsServer?.stop(true);
+    this.metricsServer = null;
     if (!this.server) return;
     this.draining = true;
     this.shutdown.abort();

@@ -51,7 +51,8 @@ export interface AgentConfig {
     retention: { maxAgeMs: number | undefined; maxBytes: number | undefined };
   };
   subscribers: { maxRetries: number; retryBackoffBaseMs: number; retryBackoffMaxMs: number };
-  api: { socket: string; socketMode: number; maxMessageBytes: number };
+  /** `metricsListen`: host:port where /metrics (and /healthz) are also served over plain HTTP, for a Prometheus server. */
+  api: { socket: string; socketMode: number; maxMessageBytes: number; metricsListen: string | undefined };
   tls: { cert: string; key: string; ca: string } | undefined;
   hub: { listen: string; peers: PeerConfig[]; jetstream: JetStreamConfig | undefined } | undefined;
   links: LinkConfig[];
@@ -147,7 +148,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
   const dataDir = overrides.dataDir ?? r.str(storage.data_dir, "storage.data_dir") ?? DEFAULT_DATA_DIR;
 
   const subs = r.obj(top.subscribers, "subscribers", ["max_retries", "retry_backoff_base_ms", "retry_backoff_max_ms"]) ?? {};
-  const api = r.obj(top.api, "api", ["socket", "socket_mode", "max_message_bytes"]) ?? {};
+  const api = r.obj(top.api, "api", ["socket", "socket_mode", "max_message_bytes", "metrics_listen"]) ?? {};
 
   const tlsRaw = r.obj(top.tls, "tls", ["cert", "key", "ca"]);
   let tls: AgentConfig["tls"];
@@ -240,6 +241,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       socket: overrides.socket ?? r.str(api.socket, "api.socket") ?? `${dataDir.replace(/\/+$/, "")}/${SOCKET_NAME}`,
       socketMode: r.mode(api.socket_mode, "api.socket_mode") ?? 0o660,
       maxMessageBytes: r.size(api.max_message_bytes, "api.max_message_bytes", 64) ?? 1024 * 1024,
+      metricsListen: api.metrics_listen === undefined ? undefined : r.hostPort(api.metrics_listen, "api.metrics_listen"),
     },
     tls,
     hub,

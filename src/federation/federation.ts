@@ -456,7 +456,10 @@ export class Federation implements LinkDialer {
       }
       // From the durable cursors, so a link that is down still shows what waits for it
       // (before its first session, what its hold keeps).
-      const peer = l.lastPeer ?? this.linkCursorPeer(l.config);
+      // A link with a hold has never had a session: another link's cursors on the same pattern are not its own.
+      const hold = cursorName(holdPeer(l.config.hubs));
+      const held = l.lastPeer === null && this.messenger.subscribers().some((s) => s.name === hold);
+      const peer = l.lastPeer ?? (held ? null : this.linkCursorPeer(l.config));
       st.backlog = peer === null ? this.backlogOf(holdPeer(l.config.hubs), l.config.publish) : this.backlogOf(peer, l.config.publish);
       const aged = withAges(st.backlog, this.oldest, compilePriorities(l.config.publishLanes), now);
       st.laneBacklog = aged.lanes;

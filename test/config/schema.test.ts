@@ -55,7 +55,7 @@ describe("config", () => {
   test("no config: the embedded defaults", () => {
     const c = parseConfig(undefined);
     expect(c.storage).toEqual({ dataDir: "./keyop-data", sync: "always", syncIntervalMs: 200, segmentBytes: 64 * 2 ** 20, retention: { maxAgeMs: undefined, maxBytes: undefined } });
-    expect(c.api).toEqual({ socket: "./keyop-data/keyop.sock", socketMode: 0o660, maxMessageBytes: 2 ** 20 });
+    expect(c.api).toEqual({ socket: "./keyop-data/keyop.sock", socketMode: 0o660, maxMessageBytes: 2 ** 20, metricsListen: undefined });
     expect(c.subscribers).toEqual({ maxRetries: 5, retryBackoffBaseMs: 100, retryBackoffMaxMs: 5000 });
     expect(c.federation).toEqual({
       reconnectBaseMs: 500,
@@ -88,7 +88,7 @@ describe("config", () => {
     });
     expect(c.name).toBe("board-7");
     expect(c.storage).toMatchObject({ dataDir: "/var/lib/keyop", sync: "interval", syncIntervalMs: 50, segmentBytes: 8 * 2 ** 20, retention: { maxAgeMs: 7 * 86_400_000, maxBytes: 2 ** 30 } });
-    expect(c.api).toEqual({ socket: "/var/lib/keyop/keyop.sock", socketMode: 0o600, maxMessageBytes: 256 * 1024 });
+    expect(c.api).toEqual({ socket: "/var/lib/keyop/keyop.sock", socketMode: 0o600, maxMessageBytes: 256 * 1024, metricsListen: undefined });
     expect(c.hub!.peers[0]).toEqual({ name: "dev1", publish: ["telemetry.>"], subscribe: ["cmd.dev1.>"], subscribeLanes: [{ pattern: "cmd.dev1.>", priority: 4 }], maxBytesPerS: undefined });
     expect(c.links[0]).toEqual({
       hubs: ["hub.example:7740"],
