@@ -49,7 +49,9 @@ export async function handleImport(req: Request, messenger: Messenger, maxBytes:
       throw new BadRequestError(`invalid msgpack: ${err instanceof Error ? err.message : String(err)}`);
     }
     if (!Array.isArray(v)) throw new BadRequestError("a msgpack import is an array of envelope maps");
-    v.forEach((o, i) => entries.push(envelope(o, `item ${i}`)));
+    v.forEach((o, i) => {
+      entries.push(envelope(o, `item ${i}`));
+    });
   } else {
     throw new KeyopError("unsupported_media_type", `content type "${type}" is not accepted: use application/x-ndjson or application/msgpack`);
   }

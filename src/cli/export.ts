@@ -7,7 +7,7 @@
 import { join } from "node:path";
 import { Packr } from "msgpackr";
 import { loadConfig } from "../config/schema.ts";
-import { decodeEnvelope, toWire } from "../envelope/envelope.ts";
+import { decodeEnvelope, type Message, toWire } from "../envelope/envelope.ts";
 import { envelopeJson } from "../envelope/json.ts";
 import { assertPattern, channelProblem, compilePattern } from "../envelope/names.ts";
 import { readLogRecords, type ReadReport } from "../store/log-reader.ts";
@@ -89,7 +89,7 @@ export async function cmdExport(argv: string[]): Promise<number> {
     const range = { from: from && "seq" in from ? from.seq : undefined, to: to && "seq" in to ? to.seq : undefined };
     for await (const r of readLogRecords(join(dataDir, "channels", channel), range, report)) {
       seq = r.seq;
-      let m;
+      let m: Message;
       try {
         m = decodeEnvelope(r.body, r.seq);
       } catch {

@@ -7,7 +7,7 @@
  * being written at the end of the active segment (or its preallocated
  * zeros) ends the read.
  */
-import { open, readdir } from "node:fs/promises";
+import { type FileHandle, open, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import { findNextRecord, MAX_RECORD_BODY, RECORD_HEADER_BYTES, scanRecords } from "./record.ts";
 import { parseSegmentFileName } from "./segment.ts";
@@ -64,7 +64,7 @@ export async function* readLogRecords(
 }
 
 async function* readSegment(path: string, base: number, maxSeq: number, from: number, report: ReadReport): AsyncGenerator<{ seq: number; body: Uint8Array }> {
-  let fh;
+  let fh: FileHandle;
   try {
     fh = await open(path, "r");
   } catch (err) {

@@ -90,6 +90,7 @@ describe("deploy/ monitoring files", () => {
     expect(dashExprs.length).toBeGreaterThan(10);
     for (const p of dashboard.panels) {
       expect(p.title).toBeTruthy();
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: Grafana's datasource variable, as the file spells it
       expect(p.datasource.uid).toBe("${DS}");
     }
     const rules = (Bun.YAML.parse(readFileSync(join(DEPLOY, "prometheus", "keyop-alerts.yml"), "utf8")) as any).groups.flatMap((g: any) => g.rules);
