@@ -16,6 +16,7 @@ import { cmdCert } from "./cli/cert.ts";
 import { cmdPasswd } from "./cli/passwd.ts";
 import { cmdExport } from "./cli/export.ts";
 import { cmdImport } from "./cli/import.ts";
+import { cmdReload } from "./cli/reload.ts";
 import { tuneAllocator } from "./cli/allocator.ts";
 
 const USAGE = `usage: keyop <command> [options]
@@ -29,6 +30,7 @@ const USAGE = `usage: keyop <command> [options]
   import     store exported messages back (ids kept: duplicates dropped)
   channels   list channels and subscribers
   status     show the agent's status
+  reload     make the agent read its configuration again (as SIGHUP does)
   cert       make and inspect federation certificates (ca, issue, inspect)
   passwd     hash a password (stdin) for mqtt.users
   version    print the version
@@ -45,6 +47,7 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   import: cmdImport,
   channels: cmdChannels,
   status: cmdStatus,
+  reload: cmdReload,
   version: cmdVersion,
   cert: cmdCert,
   passwd: cmdPasswd,

@@ -6,9 +6,9 @@ import { federationGauges, jetstreamGauges, jetstreamJson, linkJson } from "./fe
 import { type StatsFs, statfsSync } from "node:fs";
 import { resolve } from "node:path";
 import type { ExtraGauges } from "../observability/metrics.ts";
-import { ApiServer } from "../api/server.ts";
+import { ApiServer, type ReloadReport } from "../api/server.ts";
 import type { AgentConfig } from "../config/schema.ts";
-import { KeyopError } from "../errors.ts";
+import { ConfigError, KeyopError } from "../errors.ts";
 import { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import { COMMIT, VERSION } from "../version.ts";
@@ -24,7 +24,9 @@ export function batchLimit(maxMessageBytes: number): number {
 
 /** A running agent. */
 export class Agent {
-  readonly config: AgentConfig;
+  config: AgentConfig;
+  /** Reads the configuration again (set by `keyop run`: its file and command-line overrides). */
+  configSource: (() => Promise<AgentConfig>) | undefined;
   readonly messenger: Messenger;
   readonly api: ApiServer;
   private readonly logger: Logger;
@@ -104,6 +106,7 @@ export class Agent {
         socketPath: config.api.socket,
         socketMode: config.api.socketMode,
         metricsListen: config.api.metricsListen,
+        reload: () => agent!.reload(),
         messenger,
         limits: { maxMessageBytes: config.api.maxMessageBytes, maxBatchBytes: batchLimit(config.api.maxMessageBytes) },
         logger,
@@ -156,6 +159,64 @@ export class Agent {
       ...(this.jetstream ? { jetstream: jetstreamJson(this.jetstream) } : {}),
       ...(this.mqtt ? { mqtt: this.mqtt.status() } : {}),
     };
+  }
+
+  /**
+   * SIGHUP and `keyop reload`: reads the whole configuration again and
+   * applies what can change while running (hub peers, links, MQTT users,
+   * retention and channel policies, the log level, the certificates).
+   * Unaffected sessions keep running. A file with any problem changes
+   * nothing: every problem is logged and returned. A changed key that only
+   * a restart applies is named in `restart_needed` and left as it runs.
+   */
+  async reload(): Promise<ReloadReport> {
+    let next: AgentConfig;
+    try {
+      next = this.configSource ? await this.configSource() : this.config;
+    } catch (err) {
+      const problems = err instanceof ConfigError ? [...err.problems] : [err instanceof Error ? err.message : String(err)];
+      for (const p of problems) this.logger.error("reload: configuration refused, nothing changed", { problem: p });
+      return { ok: false, applied: [], restart_needed: [], problems };
+    }
+    const old = this.config;
+    const applied: string[] = [];
+    const restart = restartNeeded(old, next);
+    if (next.log.level !== old.log.level) {
+      this.logger.setLevel?.(next.log.level);
+      applied.push(`log level ${next.log.level}`);
+    }
+    if (JSON.stringify(next.storage.retention) !== JSON.stringify(old.storage.retention) || JSON.stringify(next.channels) !== JSON.stringify(old.channels)) {
+      this.messenger.reconfigure({ retention: next.storage.retention, channels: next.channels });
+      applied.push("retention and channel policies");
+    }
+    let peers = old.hub?.peers;
+    let links = old.links;
+    if (this.federation && (old.hub === undefined) === (next.hub === undefined)) {
+      applied.push(...this.federation.reconfigure({ hub: next.hub, links: next.links }));
+      peers = next.hub?.peers;
+      links = next.links;
+    }
+    let users = old.mqtt?.users;
+    if (this.mqtt && next.mqtt && JSON.stringify(next.mqtt.users) !== JSON.stringify(old.mqtt?.users)) {
+      const ended = this.mqtt.setUsers(next.mqtt.users);
+      users = next.mqtt.users;
+      applied.push(`mqtt users (${ended} client${ended === 1 ? "" : "s"} disconnected)`);
+    }
+    if (old.tls && (await this.reloadTls())) applied.push("tls certificates");
+    // What runs now: the old configuration with what was applied.
+    this.config = {
+      ...old,
+      log: { ...old.log, level: next.log.level },
+      storage: { ...old.storage, retention: next.storage.retention },
+      channels: next.channels,
+      hub: old.hub && peers ? { ...old.hub, peers } : old.hub,
+      links,
+      mqtt: old.mqtt && users ? { ...old.mqtt, users } : old.mqtt,
+    };
+    for (const r of restart) this.logger.warn("reload: changed, applied only by a restart", { key: r });
+    this.logger.info("configuration reloaded", { applied, restart_needed: restart });
+    this.federation?.auditRecord("reconfigured", { applied: applied.join("; "), restart_needed: restart.join(", ") });
+    return { ok: true, applied, restart_needed: restart, problems: [] };
   }
 
   /**
@@ -226,6 +287,38 @@ function tlsGauges(m: TlsMaterial): ExtraGauges {
       { help, labels: { cert: "ca" }, value: Math.floor(m.ca.notAfter.getTime() / 1000) },
     ],
   };
+}
+
+/** Keys that differ between `a` and `b` and that only a restart applies. */
+function restartNeeded(a: AgentConfig, b: AgentConfig): string[] {
+  const out: string[] = [];
+  const differs = (key: string, x: unknown, y: unknown) => {
+    if (JSON.stringify(x) !== JSON.stringify(y)) out.push(key);
+  };
+  differs("name", a.name, b.name);
+  const { retention: _ra, ...storageA } = a.storage;
+  const { retention: _rb, ...storageB } = b.storage;
+  for (const k of Object.keys(storageA) as (keyof typeof storageA)[]) differs(`storage.${k}`, storageA[k], storageB[k]);
+  differs("subscribers", a.subscribers, b.subscribers);
+  differs("api", a.api, b.api);
+  differs("tls", a.tls, b.tls);
+  if ((a.hub === undefined) !== (b.hub === undefined)) out.push("hub");
+  else if (a.hub && b.hub) {
+    differs("hub.listen", a.hub.listen, b.hub.listen);
+    differs("hub.jetstream", a.hub.jetstream, b.hub.jetstream);
+  }
+  if (a.hub === undefined && b.hub === undefined && a.links.length === 0 && b.links.length > 0) out.push("links (the agent started without federation)");
+  differs("federation", a.federation, b.federation);
+  differs("dedup", a.dedup, b.dedup);
+  differs("audit", a.audit, b.audit);
+  differs("log.format", a.log.format, b.log.format);
+  if ((a.mqtt === undefined) !== (b.mqtt === undefined)) out.push("mqtt");
+  else if (a.mqtt && b.mqtt) {
+    const { users: _ua, ...ma } = a.mqtt;
+    const { users: _ub, ...mb } = b.mqtt;
+    differs("mqtt (other than users)", ma, mb);
+  }
+  return out;
 }
 
 /** Certificate facts for /v1/status and logs. */

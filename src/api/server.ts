@@ -39,6 +39,16 @@ export interface ApiServerOptions {
   beforeReport?: () => Promise<void>;
   /** host:port where /metrics and /healthz are also served over TCP (nothing else is). */
   metricsListen?: string | undefined;
+  /** `POST /v1/reload`: reads the configuration again and applies it. */
+  reload?: () => Promise<ReloadReport>;
+}
+
+/** What a reload did (the answer of `POST /v1/reload`). */
+export interface ReloadReport {
+  ok: boolean;
+  applied: string[];
+  restart_needed: string[];
+  problems: string[];
 }
 
 /** A running API server. */
@@ -92,6 +102,13 @@ export class ApiServer {
       opts.logger.info("metrics listening", { address: `${hostname}:${api.metricsServer.port}` });
     }
     return api;
+  }
+
+  private async reload(): Promise<Response> {
+    if (!this.opts.reload) return errorBody(404, "not_found", "this agent has no configuration to reload");
+    const r = await this.opts.reload();
+    if (!r.ok) return json(400, { error: { code: "invalid_config", message: `invalid configuration, nothing changed:\n  ${r.problems.join("\n  ")}`, problems: r.problems } });
+    return json(200, r);
   }
 
   /** The port metrics are served on over TCP, if they are. */
@@ -179,6 +196,7 @@ export class ApiServer {
     }
     if (p === "v1/channels") return only(method, "GET") ?? json(200, this.channels());
     if (p === "v1/import") return only(method, "POST") ?? handleImport(req, m, this.opts.limits.maxBatchBytes);
+    if (p === "v1/reload") return only(method, "POST") ?? this.reload();
     if (seg[0] !== "v1" || seg[1] !== "channels" || seg.length < 4) return errorBody(404, "not_found", `no route for ${url.pathname}`);
     const target = seg[2]!;
     const rest = seg.slice(3).join("/");

@@ -1,8 +1,9 @@
 /**
  * `keyop run`: the agent in the foreground. SIGTERM/SIGINT stop it cleanly
  * (in-flight publishes finish, cursors are flushed, the socket file goes);
- * a second signal during shutdown exits at once. SIGHUP reloads the TLS
- * files; SIGUSR2 runs a full garbage collection and logs the memory after it.
+ * a second signal during shutdown exits at once. SIGHUP reads the
+ * configuration again and applies what can change while running (as
+ * `keyop reload` does); SIGUSR2 runs a full garbage collection and logs the memory after it.
  */
 import { Agent } from "../agent/agent.ts";
 import { loadConfig } from "../config/schema.ts";
@@ -23,11 +24,12 @@ export async function cmdRun(argv: string[]): Promise<number> {
     console.log(RUN_USAGE);
     return 0;
   }
-  const cfg = await loadConfig(p.flags.config as string | undefined, {
+  const overrides = {
     dataDir: p.flags["data-dir"] as string | undefined,
     socket: p.flags.socket as string | undefined,
     logLevel: p.flags["log-level"] as string | undefined,
-  });
+  };
+  const cfg = await loadConfig(p.flags.config as string | undefined, overrides);
   const logger = createLogger({ level: cfg.log.level, format: cfg.log.format });
   // Every signal the agent answers is taken before it starts: the API socket answers a moment
   // before Agent.start returns, and a signal in that moment (or during a long start) would
@@ -58,7 +60,7 @@ export async function cmdRun(argv: string[]): Promise<number> {
   const handlers: [NodeJS.Signals, () => void][] = [
     ["SIGTERM", () => stop("SIGTERM")],
     ["SIGINT", () => stop("SIGINT")],
-    ["SIGHUP", () => void agent?.reloadTls()],
+    ["SIGHUP", () => void agent?.reload()],
     // SIGUSR2: a full garbage collection now, and the memory after it in the log. For whoever
     // chases the memory of a board's agent: RSS between collections swings by tens of MB.
     [
@@ -74,6 +76,7 @@ export async function cmdRun(argv: string[]): Promise<number> {
   for (const [sig, fn] of handlers) process.on(sig, fn);
   try {
     agent = await Agent.start(cfg, logger);
+    agent.configSource = () => loadConfig(p.flags.config as string | undefined, overrides);
   } catch (err) {
     for (const [sig, fn] of handlers) process.off(sig, fn);
     throw err;

@@ -11,7 +11,17 @@ import type { Logger } from "../observability/logger.ts";
 import { unlinkIfExists } from "../store/fsync-dir.ts";
 
 /** Every event the trail records. */
-export type AuditEvent = "peer_connected" | "peer_disconnected" | "peer_rejected" | "policy_violation" | "loop_dropped" | "duplicate_dropped" | "malformed_frame" | "position_expired" | "link_stalled";
+export type AuditEvent =
+  | "peer_connected"
+  | "peer_disconnected"
+  | "peer_rejected"
+  | "policy_violation"
+  | "loop_dropped"
+  | "duplicate_dropped"
+  | "malformed_frame"
+  | "position_expired"
+  | "link_stalled"
+  | "reconfigured";
 
 /** Where and how much to keep. */
 export interface AuditOptions {

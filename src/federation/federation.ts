@@ -11,7 +11,7 @@ import type { DurableSubscriber } from "../messenger/durable-subscriber.ts";
 import type { Logger } from "../observability/logger.ts";
 import { connectMtls, MtlsServer } from "../pki/mtls.ts";
 import type { TlsMaterial } from "../pki/tls.ts";
-import { AuditLog } from "./audit.ts";
+import { type AuditEvent, AuditLog } from "./audit.ts";
 import { RecentIds } from "./dedup.ts";
 import { backlogOf, cursorName, Forwarder, holdPeer, type Sender } from "./forwarder.ts";
 import type { ChannelBacklog, Link, LinkInfo } from "./link.ts";
@@ -68,7 +68,7 @@ export interface HubTier {
 /** The federation side of an agent. */
 export class Federation implements LinkDialer {
   private readonly messenger: Messenger;
-  private readonly cfg: FederationConfig;
+  private cfg: FederationConfig;
   private readonly logger: Logger;
   private material: TlsMaterial;
   private readonly audit: AuditLog | undefined;
@@ -103,9 +103,7 @@ export class Federation implements LinkDialer {
     this.logger = logger;
     this.dedup = new RecentIds(cfg.dedup.capacity);
     this.audit = cfg.audit.path ? new AuditLog({ path: cfg.audit.path, maxFileBytes: cfg.audit.maxFileBytes, maxFiles: cfg.audit.maxFiles, logger }) : undefined;
-    for (const p of cfg.hub?.peers ?? []) {
-      this.peers.set(p.name, { cfg: p, publish: compileRules(p.publish), subscribe: compileRules(p.subscribe), laneOf: compilePriorities(p.subscribeLanes) });
-    }
+    for (const p of cfg.hub?.peers ?? []) this.peers.set(p.name, compilePeer(p));
   }
 
   private cleanupTimer: ReturnType<typeof setInterval> | null = null;
@@ -343,7 +341,8 @@ export class Federation implements LinkDialer {
             dedup: this.dedup,
             logger: this.logger,
             audit: this.audit,
-            allow: peer.publish,
+            // Looked up per batch: a reload that narrows the peer's rules applies from the next one.
+            allow: (c) => this.peers.get(s.peer.name)?.publish(c) ?? false,
             onRequest: (inbox, expires) => this.replies.received(inbox, s.peer.name, expires),
           }),
         });
@@ -359,8 +358,8 @@ export class Federation implements LinkDialer {
       onOpen: (s) => {
         const peer = this.peers.get(s.peer.name)!;
         const parts = this.parts.get(s)!;
-        // Down: what the peer asked for, channel by channel limited to what it may receive.
-        const allowDown = peer.subscribe;
+        // Down: what the peer asked for, channel by channel limited to what it may receive now.
+        const allowDown = (c: string) => this.peers.get(s.peer.name)?.subscribe(c) ?? false;
         // An ephemeral peer gets live messages only: cursors in memory, gone with the session.
         // A link's cursor, made at its first session, starts where the link asked.
         const shape = { laneOf: peer.laneOf, maxBytesPerS: peer.cfg.maxBytesPerS, onStall: () => this.peerStalls.set(s.peer.name, (this.peerStalls.get(s.peer.name) ?? 0) + 1) };
@@ -532,6 +531,76 @@ export class Federation implements LinkDialer {
   }
 
   /** Stops links and the listener, closing every session. */
+  /**
+   * A configuration reload: hub peers and links as `next` has them.
+   * Sessions of peers that were removed or whose rules changed are closed
+   * (a changed peer reconnects and gets its new rules; until it does,
+   * nothing outside them is taken or sent, the rules being read per
+   * batch); links that were removed stop, new ones start, changed ones
+   * start again. Everything else keeps running. Returns what changed.
+   */
+  reconfigure(next: Pick<FederationConfig, "hub" | "links">): string[] {
+    const changes: string[] = [];
+    const before = new Map([...this.peers].map(([name, p]) => [name, JSON.stringify(p.cfg)]));
+    const after = new Map((next.hub?.peers ?? []).map((p) => [p.name, p]));
+    const ended = new Set<string>();
+    for (const [name, was] of before) {
+      const now = after.get(name);
+      if (!now) {
+        this.peers.delete(name);
+        ended.add(name);
+        changes.push(`hub peer ${name} removed`);
+      } else if (JSON.stringify(now) !== was) {
+        this.peers.set(name, compilePeer(now));
+        ended.add(name);
+        changes.push(`hub peer ${name} changed`);
+      }
+    }
+    for (const [name, p] of after) {
+      if (before.has(name)) continue;
+      this.peers.set(name, compilePeer(p));
+      changes.push(`hub peer ${name} added`);
+    }
+    for (const [s, parts] of [...this.parts]) {
+      if (s.role !== "hub" || !ended.has(s.peer.name)) continue;
+      parts.receiver.flushAcks();
+      s.close("reconfigured", this.peers.has(s.peer.name) ? "the hub's rules for this peer changed: reconnect" : "removed from hub.peers");
+    }
+    const key = (l: LinkConfig) => l.hubs.join(",");
+    const wanted = new Map(next.links.map((l) => [key(l), l]));
+    for (const r of [...this.runners]) {
+      const want = wanted.get(key(r.config));
+      if (want && JSON.stringify(want) === JSON.stringify(r.config)) continue;
+      this.stopRunner(r, want ? "the link's configuration changed" : "link removed from the configuration");
+      changes.push(`link to ${key(r.config)} ${want ? "changed" : "removed"}`);
+    }
+    for (const l of next.links) {
+      if (this.runners.some((r) => key(r.config) === key(l))) continue;
+      if (!changes.includes(`link to ${key(l)} changed`)) changes.push(`link to ${key(l)} added`);
+      const runner = new LinkRunner(this, l);
+      this.runners.push(runner);
+      if (!this.stopped) void runner.run();
+    }
+    this.cfg = { ...this.cfg, hub: this.cfg.hub && next.hub ? { ...this.cfg.hub, peers: next.hub.peers } : this.cfg.hub, links: next.links };
+    this.holdNeverConnected();
+    return changes;
+  }
+
+  /** Appends an event to the audit trail, when there is one. */
+  auditRecord(event: AuditEvent, fields: Record<string, string>): void {
+    this.audit?.record(event, fields);
+  }
+
+  private stopRunner(r: LinkRunner, why: string): void {
+    const s = r.currentSession;
+    r.stop();
+    if (s) {
+      this.parts.get(s)?.receiver.flushAcks();
+      s.close("shutdown", why);
+    }
+    this.runners.splice(this.runners.indexOf(r), 1);
+  }
+
   async stop(): Promise<void> {
     this.stopped = true;
     this.messenger.foreignReply = undefined;
@@ -546,4 +615,8 @@ export class Federation implements LinkDialer {
     await this.audit?.flush();
     this.audit?.close();
   }
+}
+
+function compilePeer(p: PeerConfig): { cfg: PeerConfig; publish: Matcher; subscribe: Matcher; laneOf: (channel: string) => number } {
+  return { cfg: p, publish: compileRules(p.publish), subscribe: compileRules(p.subscribe), laneOf: compilePriorities(p.subscribeLanes) };
 }

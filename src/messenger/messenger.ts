@@ -12,7 +12,7 @@ import { BufferFullError, ClosedError, ConflictError, InvalidArgumentError, Keyo
 import { Inboxes, isInbox, newInbox } from "./inbox.ts";
 import { Histogram, type LatencySummary } from "../observability/histogram.ts";
 import type { ChannelLog, LogHealth, RetentionPolicy } from "../store/channel-log.ts";
-import { type AppliedPolicy, ChannelPolicies } from "./channel-policy.ts";
+import { type AppliedPolicy, ChannelPolicies, type ChannelPolicy } from "./channel-policy.ts";
 import { CursorStore, cursorKey, type StartFrom } from "../store/cursor-store.ts";
 import { LogStore } from "../store/log-store.ts";
 import { join } from "node:path";
@@ -145,7 +145,7 @@ export class Messenger {
   private readonly fsyncLatency: Histogram;
   private retentionTimer: ReturnType<typeof setInterval> | null = null;
   private state: "open" | "closing" | "closed" = "open";
-  private readonly policies: ChannelPolicies;
+  private policies: ChannelPolicies;
   /** Requests waiting for their reply. */
   private readonly inboxes = new Inboxes();
   /** Subscribers whose messages several consumers share, while they have members. */
@@ -775,6 +775,29 @@ export class Messenger {
   /** Payload types registered so far. */
   get payloadTypes(): string[] {
     return [...this.decoders.keys()];
+  }
+
+  /**
+   * New retention limits and channel policies (a configuration reload):
+   * TTLs, bounds and full policies apply from the next publish, retention
+   * from its next pass (started now when there was none before).
+   */
+  reconfigure(next: { retention: { maxAgeMs?: number | undefined; maxBytes?: number | undefined }; channels: ChannelPolicy[] }): void {
+    this.cfg.retention = { maxAgeMs: next.retention.maxAgeMs, maxBytes: next.retention.maxBytes };
+    this.cfg.channels = next.channels;
+    this.policies = new ChannelPolicies(next.channels);
+    const wanted = this.cfg.retention.maxAgeMs !== undefined || this.cfg.retention.maxBytes !== undefined || next.channels.some((c) => c.maxBytes !== undefined);
+    if (wanted && !this.retentionTimer && this.state === "open") {
+      this.retentionTimer = setInterval(
+        () => void this.runRetention().catch((err) => this.cfg.logger.error("retention pass failed (tried again at the next check)", { error: String(err) })),
+        this.cfg.retentionCheckMs,
+      );
+      this.retentionTimer.unref?.();
+    }
+    if (!wanted && this.retentionTimer) {
+      clearInterval(this.retentionTimer);
+      this.retentionTimer = null;
+    }
   }
 
   /** Runs a retention pass over every channel now (the timer also does). */

@@ -6,7 +6,7 @@
  */
 import type { Server, ServerWebSocket, Socket, TCPSocketListener, UnixSocketListener } from "bun";
 import { bunOptionalClientCertOptions, verifyPeer, type TlsMaterial } from "../pki/tls.ts";
-import type { MqttConfig } from "../config/schema.ts";
+import type { MqttConfig, MqttUser } from "../config/schema.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import { prepareSocketPath } from "../net/socket-file.ts";
@@ -163,6 +163,21 @@ export class MqttServer implements SessionHost {
   }
 
   /** New TLS material (SIGHUP): new connections use it, established ones stay up. */
+  /**
+   * New `mqtt.users` (a configuration reload). New logins use them; a
+   * connected client whose user is gone, or whose password hash changed, is
+   * disconnected (it logs in again, or is refused); one whose rules changed
+   * keeps its session and gets the new rules from its next message on.
+   * Returns how many clients were disconnected.
+   */
+  setUsers(users: MqttUser[]): number {
+    this.cfg.users = users;
+    let ended = 0;
+    const sessions = [...this.sockets].map((s) => s.data.session).concat([...this.wsSockets].map((w) => w.data.session));
+    for (const session of sessions) if (session && !session.reauthorize(users)) ended++;
+    return ended;
+  }
+
   reloadTls(tls: TlsMaterial): void {
     this.tls = tls;
     if (this.tlsListener && this.cfg.tlsListen) {

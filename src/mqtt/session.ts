@@ -20,7 +20,7 @@ import { MqttSubscription, type SentFrom, type SubscriptionOptions } from "./sub
 import { type SharedMembership, SharedSubscriptions, type SharedMember } from "./shared.ts";
 import { Outbound } from "./outbound.ts";
 import type { Logger } from "../observability/logger.ts";
-import type { MqttConfig } from "../config/schema.ts";
+import type { MqttConfig, MqttUser } from "../config/schema.ts";
 import { channelToTopic, filterToPatterns, hiddenFromWildcard, topicToChannel } from "./topics.ts";
 import type { RetainedStore } from "./retained.ts";
 import type { SessionStore } from "./session-store.ts";
@@ -162,6 +162,8 @@ export class MqttSession implements SharedMember {
   /** The logged-in user's rules (null: no users configured, everything allowed). */
   private mayPublish: ((channel: string) => boolean) | null = null;
   private maySubscribe: ((channel: string) => boolean) | null = null;
+  /** Who logged in, and how (null: no users were configured then). */
+  private login: { user: MqttUser; byCertificate: boolean } | null = null;
 
   /** Who the transport proved the client to be (a verified client certificate's CN). */
   private readonly identity: { certUser: string } | undefined;
@@ -305,6 +307,31 @@ export class MqttSession implements SharedMember {
     this.wire.end();
   }
 
+  /**
+   * `users` replace the configured users: false when this client must go
+   * (disconnected now: its user is gone, its password changed, or users
+   * were configured where there were none), otherwise its rules are the
+   * new ones from the next message on.
+   */
+  reauthorize(users: MqttUser[]): boolean {
+    if (this.closed || (!this.connected && !this.connecting)) return true;
+    if (users.length === 0) {
+      this.mayPublish = null;
+      this.maySubscribe = null;
+      this.login = null;
+      return true;
+    }
+    const now = this.login ? users.find((u) => u.name === this.login!.user.name) : undefined;
+    if (!now || (!this.login!.byCertificate && now.passwordHash !== this.login!.user.passwordHash)) {
+      this.fail(!this.login ? "mqtt.users now asks for a login" : now ? "the user's password changed" : "the user is no longer in mqtt.users", 0x87);
+      return false;
+    }
+    this.login = { user: now, byCertificate: this.login!.byCertificate };
+    this.mayPublish = compileRules(now.publish);
+    this.maySubscribe = compileRules(now.subscribe);
+    return true;
+  }
+
   /** Whether the logged-in user may receive messages of `channel`. */
   mayReceive(channel: string): boolean {
     return !this.maySubscribe || this.maySubscribe(channel);
@@ -384,6 +411,7 @@ export class MqttSession implements SharedMember {
       }
       this.mayPublish = compileRules(user.publish);
       this.maySubscribe = compileRules(user.subscribe);
+      this.login = { user, byCertificate: true };
       return this.accept(p);
     }
     // Logins are checked off the packet path (password hashes are slow on purpose); what the
@@ -402,6 +430,7 @@ export class MqttSession implements SharedMember {
       }
       this.mayPublish = compileRules(user.publish);
       this.maySubscribe = compileRules(user.subscribe);
+      this.login = { user, byCertificate: false };
       this.accept(p);
       for (const q of this.waiting.splice(0)) this.packet(q);
     });

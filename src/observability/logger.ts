@@ -18,6 +18,8 @@ export interface Logger {
   info(msg: string, fields?: LogFields): void;
   warn(msg: string, fields?: LogFields): void;
   error(msg: string, fields?: LogFields): void;
+  /** Changes the lowest level written (a configuration reload); loggers that cannot, ignore it. */
+  setLevel?(level: LogLevel): void;
 }
 
 const RANK: Record<LogLevel, number> = { debug: 10, info: 20, warn: 30, error: 40 };
@@ -39,7 +41,7 @@ export interface LoggerOptions {
 
 /** A logger that writes one line per event at or above `level`. */
 export function createLogger(opts: LoggerOptions = {}): Logger {
-  const min = RANK[opts.level ?? "info"];
+  let min = RANK[opts.level ?? "info"];
   const format = opts.format ?? "json";
   const write = opts.write ?? ((line: string) => process.stderr.write(line + "\n"));
   const base = opts.base ?? {};
@@ -60,6 +62,9 @@ export function createLogger(opts: LoggerOptions = {}): Logger {
     info: (m, f) => emit("info", m, f),
     warn: (m, f) => emit("warn", m, f),
     error: (m, f) => emit("error", m, f),
+    setLevel: (level) => {
+      min = RANK[level];
+    },
   };
 }
 
