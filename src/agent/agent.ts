@@ -7,7 +7,7 @@ import { type StatsFs, statfsSync } from "node:fs";
 import { resolve } from "node:path";
 import type { ExtraGauges } from "../observability/metrics.ts";
 import { ApiServer, type ReloadReport } from "../api/server.ts";
-import type { AgentConfig } from "../config/schema.ts";
+import type { AgentConfig, DashboardConfig } from "../config/schema.ts";
 import { ConfigError, KeyopError } from "../errors.ts";
 import { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
@@ -16,6 +16,10 @@ import { expiryWarnings, loadTlsMaterial, type TlsMaterial } from "../pki/tls.ts
 import { Federation, type HubTier } from "../federation/federation.ts";
 import type { JetStreamEngine } from "../jetstream/engine.ts";
 import { MqttServer } from "../mqtt/server.ts";
+import { DashboardServer } from "../dashboard/server.ts";
+import { History } from "../dashboard/history.ts";
+import { SnapshotBuilder } from "../dashboard/snapshot.ts";
+import { Histogram } from "../observability/histogram.ts";
 
 /** Largest NDJSON or msgpack batch body: 16 MiB, or one message if larger. */
 export function batchLimit(maxMessageBytes: number): number {
@@ -41,6 +45,9 @@ export class Agent {
   jetstream: JetStreamEngine | undefined;
   /** The MQTT listener, when configured. */
   mqtt: MqttServer | undefined;
+  /** The web dashboard and the chart history it shows, when configured. */
+  dashboard: DashboardServer | undefined;
+  history: History | undefined;
 
   private constructor(config: AgentConfig, messenger: Messenger, api: ApiServer, logger: Logger, tls: TlsMaterial | undefined) {
     this.tls = tls;
@@ -130,9 +137,12 @@ export class Agent {
         agent.federation = federation;
         federation.start();
       }
+      if (config.dashboard) agent.startDashboard(config.dashboard);
     } catch (err) {
       // The start failed and `err` is what the caller must see; a failed stop of a half-started part is logged.
       const stopFailed = (part: string) => (e: unknown) => logger.warn("stop after a failed start failed", { part, error: String(e) });
+      agent?.dashboard?.stop();
+      agent?.history?.stop();
       await mqttServer?.stop().catch(stopFailed("mqtt"));
       await federation?.stop().catch(stopFailed("federation"));
       await jetstream?.close().catch(stopFailed("jetstream"));
@@ -142,6 +152,26 @@ export class Agent {
     }
     logger.info("agent started", { name: messenger.name, version: VERSION, data_dir: resolve(config.storage.dataDir), socket: resolve(config.api.socket), pid: process.pid });
     return agent;
+  }
+
+  private startDashboard(cfg: DashboardConfig): void {
+    const m = this.messenger;
+    this.history = new History({ published: () => m.stats().totals.published, histograms: () => m.histograms() }, Histogram.bound);
+    this.history.start();
+    const snapshots = new SnapshotBuilder({
+      messenger: m,
+      federation: this.federation,
+      history: this.history,
+      agent: () => ({
+        name: m.name,
+        version: VERSION,
+        uptimeS: Math.round((Date.now() - this.startedAt) / 1000),
+        role: this.config.hub ? "hub" : this.config.links.length > 0 ? "board" : "agent",
+        sync: this.config.storage.sync,
+        offlineAfterMs: cfg.offlineAfterMs,
+      }),
+    });
+    this.dashboard = DashboardServer.start({ config: cfg, tls: this.tls, logger: this.logger, snapshot: () => snapshots.build() });
   }
 
   private statusFields(): Record<string, unknown> {
@@ -253,6 +283,8 @@ export class Agent {
   stop(): Promise<void> {
     this.stopping ??= (async () => {
       this.logger.info("agent stopping");
+      this.dashboard?.stop();
+      this.history?.stop();
       await this.mqtt?.stop();
       await this.federation?.stop();
       await this.jetstream?.close();

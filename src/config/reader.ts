@@ -48,6 +48,12 @@ export class Reader {
     return v as T;
   }
 
+  bool(v: unknown, path: string): boolean | undefined {
+    if (v === undefined || v === null) return undefined;
+    if (typeof v !== "boolean") return this.fail(path, "must be true or false");
+    return v;
+  }
+
   int(v: unknown, path: string, min: number, max = Number.MAX_SAFE_INTEGER): number | undefined {
     if (v === undefined || v === null) return undefined;
     if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) return this.fail(path, `must be an integer from ${min} to ${max}`);

@@ -76,6 +76,19 @@ export interface AgentConfig {
   mqtt: MqttConfig | undefined;
   /** Per channel pattern: default TTL, bound on bytes, full policy (the first entry that matches applies). */
   channels: ChannelPolicy[];
+  /** The web dashboard (off unless the section is present; docs/dashboard.md). */
+  dashboard: DashboardConfig | undefined;
+}
+
+/** Dashboard settings. */
+export interface DashboardConfig {
+  listen: string;
+  /** HTTPS with this instance's certificate; browsers must present a certificate from the keyop CA. */
+  tls: boolean;
+  /** HTTP basic logins (argon2id hashes from keyop passwd). */
+  users: { name: string; passwordHash: string }[];
+  /** A board offline longer than this is highlighted (ms). */
+  offlineAfterMs: number;
 }
 
 /** MQTT listener settings (docs/mqtt.md). */
@@ -132,7 +145,7 @@ export interface ConfigOverrides {
 /** The lowest bandwidth cap accepted: below it one heartbeat period would not carry a small batch. */
 const MIN_BYTES_PER_S = 256;
 
-const TOP = ["name", "storage", "subscribers", "api", "tls", "hub", "links", "federation", "dedup", "audit", "log", "mqtt", "channels"] as const;
+const TOP = ["name", "storage", "subscribers", "api", "tls", "hub", "links", "federation", "dedup", "audit", "log", "mqtt", "channels", "dashboard"] as const;
 
 /**
  * Validates a parsed YAML document (or `undefined` for "no config") and
@@ -266,6 +279,7 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
     log: { level, format: r.oneOf(log.format, "log.format", ["json", "text"] as const) ?? "json" },
     mqtt: undefined,
     channels: [],
+    dashboard: undefined,
   };
   r.list(top.channels, "channels").forEach((c, i) => {
     const path = `channels[${i}]`;
@@ -344,6 +358,31 @@ export function parseConfig(raw: unknown, overrides: ConfigOverrides = {}): Agen
       if (uname) seenUsers.add(uname);
       if (uname) cfg.mqtt!.users.push({ name: uname, passwordHash: hash, publish: r.patterns(o.publish, `${path}.publish`), subscribe: r.patterns(o.subscribe, `${path}.subscribe`) });
     });
+  }
+  const dash = r.obj(top.dashboard, "dashboard", ["listen", "tls", "users", "offline_after"]);
+  if (dash) {
+    const listen = r.required(dash.listen, "dashboard.listen", r.hostPort, " when dashboard is set");
+    const tlsOn = r.bool(dash.tls, "dashboard.tls") ?? false;
+    if (tlsOn && !cfg.tls) r.fail("dashboard.tls", "needs tls.cert, tls.key and tls.ca (the agent's certificate and the keyop CA)");
+    const users: DashboardConfig["users"] = [];
+    r.list(dash.users, "dashboard.users").forEach((u, i) => {
+      const path = `dashboard.users[${i}]`;
+      const o = r.obj(u, path, ["name", "password_hash"]);
+      if (!o) {
+        r.fail(path, "must be a mapping");
+        return;
+      }
+      const uname = r.required(o.name, `${path}.name`, r.str);
+      const hash = r.required(o.password_hash, `${path}.password_hash`, r.str);
+      if (hash !== undefined && !hash.startsWith("$")) r.fail(`${path}.password_hash`, "must be a hash made by keyop passwd (it starts with $)");
+      if (uname && hash) users.push({ name: uname, passwordHash: hash });
+    });
+    const host = listen ? listen.slice(0, listen.lastIndexOf(":")).replace(/^\[|\]$/g, "") : "";
+    const loopback = host === "localhost" || host === "::1" || /^127\./.test(host);
+    if (listen && !loopback && !tlsOn && users.length === 0)
+      r.fail("dashboard.listen", "is not a loopback address: set dashboard.tls (client certificates from the keyop CA) or dashboard.users (logins)");
+    const offline = r.duration(dash.offline_after, "dashboard.offline_after") ?? 300_000;
+    if (listen) cfg.dashboard = { listen, tls: tlsOn, users, offlineAfterMs: offline };
   }
   if (cfg.subscribers.retryBackoffMaxMs < cfg.subscribers.retryBackoffBaseMs) {
     r.fail("subscribers.retry_backoff_max_ms", "must not be less than retry_backoff_base_ms");

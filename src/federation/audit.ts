@@ -31,6 +31,8 @@ export interface AuditOptions {
   logger: Logger;
 }
 
+/** Events kept in memory for the dashboard. */
+const RECENT = 500;
 /** Most lines held while the disk is slow or failing; past it, lines are dropped and counted. */
 const MAX_QUEUED = 10_000;
 /** Backoff between attempts after a failed write (ms). */
@@ -41,6 +43,7 @@ const RETRY_MAX_MS = 5_000;
 export class AuditLog {
   private readonly opts: AuditOptions;
   private queue: string[] = [];
+  private readonly recentLines: Record<string, unknown>[] = [];
   private writing: Promise<void> | null = null;
   private size = -1;
   private dropped = 0;
@@ -55,12 +58,20 @@ export class AuditLog {
 
   /** Records `event` with its fields (peer, channel, reason, ...). */
   record(event: AuditEvent, fields: Record<string, unknown> = {}): void {
+    const line = { time: new Date().toISOString(), event, ...fields };
+    this.recentLines.push(line);
+    if (this.recentLines.length > RECENT) this.recentLines.splice(0, this.recentLines.length - RECENT);
     if (this.queue.length >= MAX_QUEUED) {
       this.dropped++;
       return;
     }
-    this.queue.push(JSON.stringify({ time: new Date().toISOString(), event, ...fields }) + "\n");
+    this.queue.push(JSON.stringify(line) + "\n");
     if (!this.retryTimer) this.writing ??= this.drain();
+  }
+
+  /** The latest events, oldest first (the dashboard's list; the file has them all). */
+  recent(): readonly Record<string, unknown>[] {
+    return this.recentLines;
   }
 
   /** Lines lost because the queue was full (the disk failing or slow for long). */

@@ -27,6 +27,7 @@ import { codecsFor } from "./compression.ts";
 import { compilePriorities, DEFAULT_PRIORITY } from "./priority.ts";
 import { OldestTimes, withAges } from "./health.ts";
 import { ReplyRoutes } from "./reply-routes.ts";
+import type { FleetPeer, PeerSeen } from "./fleet.ts";
 import { replyFrame, type Reply } from "./messages.ts";
 
 /** The parts of the agent's configuration federation runs on. */
@@ -90,6 +91,10 @@ export class Federation implements LinkDialer {
   private readonly peerStalls = new Map<string, number>();
   /** Where replies to requests that crossed this instance go, and whom they may come from. */
   private readonly replies = new ReplyRoutes();
+  /** Hub side: each peer's sessions since start (the fleet table). */
+  private readonly seen = new Map<string, PeerSeen>();
+  /** The fleet table's oldest-message times (its backlogs are not the status's). */
+  private readonly fleetOldest = new OldestTimes();
 
   /** `tier`: a hub tier's engine (JetStream) instead of the log, for what peers send and receive. */
   constructor(messenger: Messenger, cfg: FederationConfig, material: TlsMaterial, logger: Logger, tier?: HubTier) {
@@ -321,6 +326,13 @@ export class Federation implements LinkDialer {
         parts?.forwarder?.stop();
         parts?.receiver.stop();
         this.parts.delete(s);
+        if (s.role === "hub") {
+          const seen = this.seen.get(s.peer.name);
+          if (seen) {
+            seen.lastSeenMs = Date.now();
+            seen.lastReason = reason;
+          }
+        }
         this.audit?.record("peer_disconnected", { peer: s.peer.name, reason });
       },
     };
@@ -367,6 +379,14 @@ export class Federation implements LinkDialer {
           s.hello!.mode === "ephemeral"
             ? this.forwarder(s, s.hello!.subscribe, "latest", allowDown, "volatile", shape)
             : this.forwarder(s, s.hello!.subscribe, s.hello!.start ?? "latest", allowDown, "durable", shape);
+        const seen = this.seen.get(s.peer.name);
+        this.seen.set(s.peer.name, {
+          lastSeenMs: Date.now(),
+          connects: (seen?.connects ?? 0) + 1,
+          certNotAfter: s.peer.notAfter.getTime(),
+          lastReason: null,
+          ephemeral: s.hello!.mode === "ephemeral",
+        });
         this.audit?.record("peer_connected", { peer: s.peer.name, fingerprint: s.peer.fingerprint, mode: s.hello!.mode });
         this.logger.info("peer connected", { peer: s.peer.name, mode: s.hello!.mode });
       },
@@ -501,6 +521,93 @@ export class Federation implements LinkDialer {
     await this.oldest.sample(this.messenger, all);
   }
 
+  /**
+   * The fleet table (fleet.ts): hub peers (configured, connected, or with
+   * cursors left from earlier sessions) and this instance's links. The
+   * oldest-message ages are read from the log for backlogs not seen yet.
+   */
+  async fleet(now = Date.now()): Promise<FleetPeer[]> {
+    const out: FleetPeer[] = [];
+    const open = new Map<string, PeerSession>();
+    for (const s of this.parts.keys()) if (s.role === "hub") open.set(s.peer.name, s);
+    const linkPeers = new Set(this.runners.map((r) => r.lastPeer).filter((p): p is string => p !== null));
+    // Cursors of peers: `_fed.<peer>` (not a link's hub, not a hold), with the patterns they read and when last used.
+    const cursors = new Map<string, { patterns: string[]; touched: number }>();
+    if (this.cfg.hub) {
+      for (const sub of this.messenger.subscribers()) {
+        if (!sub.name.startsWith("_fed.") || sub.name.startsWith("_fed..")) continue;
+        const peer = sub.name.slice("_fed.".length);
+        // A hub with links of its own: an unknown peer's cursor on a link's pattern is that link's hub.
+        if (linkPeers.has(peer) || (!this.peers.has(peer) && !this.seen.has(peer) && this.cfg.links.some((l) => l.publish.includes(sub.pattern)))) continue;
+        const c = cursors.get(peer) ?? { patterns: [], touched: 0 };
+        c.patterns.push(sub.pattern);
+        c.touched = Math.max(c.touched, sub.touched);
+        cursors.set(peer, c);
+      }
+    }
+    const names = new Set([...this.peers.keys(), ...open.keys(), ...this.seen.keys(), ...cursors.keys()]);
+    const rows: { row: FleetPeer; backlog: ChannelBacklog[]; laneOf: (c: string) => number }[] = [];
+    for (const name of names) {
+      const s = open.get(name);
+      const seen = this.seen.get(name);
+      const c = cursors.get(name);
+      const laneOf = this.peers.get(name)?.laneOf ?? (() => DEFAULT_PRIORITY);
+      const backlog = s ? (this.parts.get(s)?.forwarder?.backlog() ?? []) : c ? this.backlogOf(name, c.patterns) : [];
+      const lastSeen = s ? now : (seen?.lastSeenMs ?? (c && c.touched > 0 ? c.touched : null));
+      rows.push({
+        row: {
+          kind: (s ? s.hello?.mode === "ephemeral" : seen?.ephemeral) ? "ephemeral" : "peer",
+          name,
+          state: s ? (s.state === "open" ? "open" : "connecting") : "offline",
+          since: s ? s.connectedAt : lastSeen,
+          lastSeen,
+          rttMs: s?.rttMs ?? null,
+          connects: seen?.connects ?? 0,
+          backlogMessages: backlog.reduce((n, b) => n + b.messages, 0),
+          backlogBytes: backlog.reduce((n, b) => n + b.bytes, 0),
+          oldestAgeMs: null,
+          certNotAfter: s ? s.peer.notAfter.getTime() : (seen?.certNotAfter ?? null),
+          lastError: s ? null : (seen?.lastReason ?? null),
+          configured: this.peers.has(name),
+        },
+        backlog,
+        laneOf,
+      });
+    }
+    for (const l of this.links()) {
+      if (l.kind !== "link") continue;
+      rows.push({
+        row: {
+          kind: "link",
+          name: l.peer ?? l.target,
+          state: l.state === "open" ? "open" : l.state,
+          since: l.connectedSince,
+          lastSeen: l.state === "open" ? now : null,
+          rttMs: l.rttMs,
+          connects: l.reconnects,
+          backlogMessages: l.backlog.reduce((n, b) => n + b.messages, 0),
+          backlogBytes: l.backlog.reduce((n, b) => n + b.bytes, 0),
+          oldestAgeMs: null,
+          certNotAfter: null,
+          lastError: l.lastError,
+          configured: true,
+        },
+        backlog: l.backlog,
+        laneOf: () => DEFAULT_PRIORITY,
+      });
+    }
+    await this.fleetOldest.sample(
+      this.messenger,
+      rows.flatMap((r) => r.backlog),
+    );
+    for (const r of rows) {
+      const aged = withAges(r.backlog, this.fleetOldest, r.laneOf, now);
+      for (const b of aged.backlog) if (b.oldestAgeMs != null) r.row.oldestAgeMs = Math.max(r.row.oldestAgeMs ?? 0, b.oldestAgeMs);
+      out.push(r.row);
+    }
+    return out;
+  }
+
   /** The audit trail's write health, when there is one. */
   auditHealth(): { failedWrites: number; droppedLines: number } | undefined {
     return this.audit ? { failedWrites: this.audit.failedWriteCount, droppedLines: this.audit.droppedLines } : undefined;
@@ -584,6 +691,11 @@ export class Federation implements LinkDialer {
     this.cfg = { ...this.cfg, hub: this.cfg.hub && next.hub ? { ...this.cfg.hub, peers: next.hub.peers } : this.cfg.hub, links: next.links };
     this.holdNeverConnected();
     return changes;
+  }
+
+  /** The audit trail's latest events (none without an audit trail). */
+  recentAudit(): readonly Record<string, unknown>[] {
+    return this.audit?.recent() ?? [];
   }
 
   /** Appends an event to the audit trail, when there is one. */

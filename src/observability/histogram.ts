@@ -84,6 +84,11 @@ export class Histogram {
     return out;
   }
 
+  /** A copy of the bucket counts (bucket `i` ends at `Histogram.bound(i)` ms). */
+  bucketCounts(): Float64Array {
+    return this.counts.slice();
+  }
+
   /** Total recorded and their sum (ms). */
   get count(): number {
     return this.n;
