@@ -30,6 +30,8 @@ need fusermount3 fuse3
 if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists fuse3; }; then missing+=(libfuse3-dev); fi
 # The MQTT-over-TLS device example (examples/c/mqtt_tls_device.c) links OpenSSL.
 if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; }; then missing+=(libssl-dev); fi
+# The dashboard is tested in a real browser: headless Chromium, driven by puppeteer-core.
+need chromium chromium
 # The failing-disk test makes ext4 on a loop device.
 need mkfs.ext4 e2fsprogs
 need losetup mount
