@@ -13,15 +13,10 @@ import { freePort, tmpDir, waitFor } from "../helpers.ts";
 import { fleet, runAgent, type AgentProc } from "./agent-process.ts";
 
 // The page's DOM, as code run in the browser by page.evaluate sees it (the project's types are Bun's, not a browser's).
-// biome-ignore lint/suspicious/noExplicitAny: browser-side callbacks
 declare const document: any;
-// biome-ignore lint/suspicious/noExplicitAny: browser-side callbacks
 type HTMLElement = any;
-// biome-ignore lint/suspicious/noExplicitAny: browser-side callbacks
 type HTMLInputElement = any;
-// biome-ignore lint/suspicious/noExplicitAny: browser-side callbacks
 type HTMLSelectElement = any;
-// biome-ignore lint/suspicious/noExplicitAny: browser-side callbacks
 declare const Event: any;
 
 const CHROMIUM = ["/usr/bin/chromium", "/usr/bin/chromium-browser"].find((p) => existsSync(p));
