@@ -156,7 +156,7 @@ export class Agent {
 
   private startDashboard(cfg: DashboardConfig): void {
     const m = this.messenger;
-    this.history = new History({ published: () => m.stats().totals.published, histograms: () => m.histograms() }, Histogram.bound);
+    this.history = new History({ published: () => m.publishedTotal(), histograms: () => m.histograms() }, Histogram.bound);
     this.history.start();
     const snapshots = new SnapshotBuilder({
       messenger: m,

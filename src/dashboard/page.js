@@ -35,7 +35,7 @@
       name: (a, b) => a.name.localeCompare(b.name),
       state: (a, b) => a.state.localeCompare(b.state) || a.name.localeCompare(b.name),
       backlog: (a, b) => b.backlog_messages - a.backlog_messages,
-      oldest: (a, b) => (b.oldest_age_ms ?? -1) - (a.oldest_age_ms ?? -1),
+      oldest: (a, b) => (a.oldest_unsent_at ?? Infinity) - (b.oldest_unsent_at ?? Infinity),
       seen: (a, b) => (a.last_seen ?? 0) - (b.last_seen ?? 0),
     }[by];
     rows.sort(cmp);
@@ -58,7 +58,7 @@
         cell(fmtNum(p.connects), "num"),
         cell(fmtNum(p.backlog_messages), "num"),
         cell(fmtNum(p.backlog_bytes), "num"),
-        cell(fmtAge(p.oldest_age_ms), "num"),
+        cell(p.oldest_unsent_at === null ? "" : fmtAge(now - p.oldest_unsent_at), "num"),
         cell(p.cert_not_after ? new Date(p.cert_not_after).toISOString().slice(0, 10) : ""),
         cell(p.last_error ?? ""),
       );
@@ -174,10 +174,23 @@
   }
 
   for (const id of ["filter", "state", "sort", "offline-min", "audit-event", "audit-filter"]) $(id).addEventListener("input", render);
+  // The whole snapshot first, then what changed: rows by name, and the chart points when there are new ones.
+  let rows = new Map();
+  const live = () => ($("live").textContent = `live, ${new Date().toLocaleTimeString()}`);
   const es = new EventSource("/api/events");
   es.addEventListener("snapshot", (ev) => {
     snap = JSON.parse(ev.data);
-    $("live").textContent = `live, ${new Date().toLocaleTimeString()}`;
+    rows = new Map(snap.fleet.map((r) => [r.name, r]));
+    live();
+    render();
+  });
+  es.addEventListener("update", (ev) => {
+    if (!snap) return;
+    const u = JSON.parse(ev.data);
+    for (const r of u.fleet_changed) rows.set(r.name, r);
+    for (const name of u.fleet_removed) rows.delete(name);
+    snap = { ...snap, agent: u.agent, channels: u.channels, audit: u.audit, history: u.history ?? snap.history, fleet: [...rows.values()] };
+    live();
     render();
   });
   es.onerror = () => ($("live").textContent = "reconnecting…");

@@ -8,7 +8,13 @@
  *   GET /               the page
  *   GET /assets/...     its script and the chart library
  *   GET /api/snapshot   the snapshot as JSON
- *   GET /api/events     SSE: a snapshot every 2 s
+ *   GET /api/events     SSE: the snapshot, then every 2 s what changed in it
+ *
+ * A hub's fleet table is most of a snapshot (1.2 MiB for 5,000 peers), and
+ * most rows stay as they were from one snapshot to the next: a page gets
+ * the whole snapshot once (`snapshot` events), then `update` events with
+ * the rows that changed, the names of those that went, and the chart
+ * points only when there is a new one.
  */
 import type { Server } from "bun";
 import uplotCss from "uplot/dist/uPlot.min.css" with { type: "text" };
@@ -38,6 +44,11 @@ export class DashboardServer {
   private server: Server<undefined> | null = null;
   private readonly logins = new Map<string, number>();
   private readonly clients = new Set<ReadableStreamDefaultController<Uint8Array>>();
+  /** Pages that have not had a whole snapshot yet. */
+  private readonly fresh = new Set<ReadableStreamDefaultController<Uint8Array>>();
+  /** The fleet rows of the last snapshot sent, as JSON, by name. */
+  private rows = new Map<string, string>();
+  private historyMark = "";
   private timer: ReturnType<typeof setInterval> | null = null;
   private building = false;
 
@@ -141,6 +152,7 @@ export class DashboardServer {
       start: (controller) => {
         me = controller;
         this.clients.add(controller);
+        this.fresh.add(controller);
         controller.enqueue(new TextEncoder().encode(`retry: ${SNAPSHOT_EVERY_MS}\n\n`));
         void this.tick();
         if (!this.timer) {
@@ -149,7 +161,10 @@ export class DashboardServer {
         }
       },
       cancel: () => {
-        if (me) this.clients.delete(me);
+        if (me) {
+          this.clients.delete(me);
+          this.fresh.delete(me);
+        }
         if (this.clients.size === 0 && this.timer) {
           clearInterval(this.timer);
           this.timer = null;
@@ -163,12 +178,40 @@ export class DashboardServer {
     if (this.building || this.clients.size === 0) return;
     this.building = true;
     try {
-      const data = new TextEncoder().encode(`event: snapshot\ndata: ${JSON.stringify(await this.o.snapshot())}\n\n`);
+      const snap = (await this.o.snapshot()) as { fleet?: { name: string }[]; history?: { t: number }[] } & Record<string, unknown>;
+      const enc = new TextEncoder();
+      const fleet = snap.fleet ?? [];
+      const rows = new Map<string, string>();
+      const changed: string[] = [];
+      for (const r of fleet) {
+        const text = JSON.stringify(r);
+        rows.set(r.name, text);
+        if (this.rows.get(r.name) !== text) changed.push(text);
+      }
+      const removed = [...this.rows.keys()].filter((name) => !rows.has(name));
+      this.rows = rows;
+      const history = snap.history ?? [];
+      const mark = `${history.length}:${history[history.length - 1]?.t ?? 0}`;
+      const newPoints = mark !== this.historyMark;
+      this.historyMark = mark;
+      const { fleet: _f, history: _h, ...rest } = snap;
+      let full: Uint8Array | null = null;
+      let update: Uint8Array | null = null;
       for (const c of [...this.clients]) {
+        const whole = this.fresh.has(c);
+        let data: Uint8Array;
+        if (whole) data = full ??= enc.encode(`event: snapshot\ndata: ${JSON.stringify(snap)}\n\n`);
+        else {
+          const parts = [`"fleet_changed":[${changed.join(",")}]`, `"fleet_removed":${JSON.stringify(removed)}`];
+          if (newPoints) parts.push(`"history":${JSON.stringify(history)}`);
+          data = update ??= enc.encode(`event: update\ndata: ${JSON.stringify(rest).slice(0, -1)},${parts.join(",")}}\n\n`);
+        }
         try {
           c.enqueue(data);
+          this.fresh.delete(c);
         } catch {
           this.clients.delete(c);
+          this.fresh.delete(c);
         }
       }
     } catch (err) {

@@ -16,7 +16,8 @@ export interface SnapshotSources {
   now?: () => number;
 }
 
-function fleetJson(p: FleetPeer): Record<string, unknown> {
+/** A row as the page gets it: times, not ages, so that a row that did not change is sent once. */
+function fleetJson(p: FleetPeer, now: number): Record<string, unknown> {
   return {
     kind: p.kind,
     name: p.name,
@@ -27,7 +28,7 @@ function fleetJson(p: FleetPeer): Record<string, unknown> {
     connects: p.connects,
     backlog_messages: p.backlogMessages,
     backlog_bytes: p.backlogBytes,
-    oldest_age_ms: p.oldestAgeMs,
+    oldest_unsent_at: p.oldestAgeMs === null ? null : now - p.oldestAgeMs,
     cert_not_after: p.certNotAfter,
     last_error: p.lastError,
     configured: p.configured,
@@ -63,7 +64,7 @@ export class SnapshotBuilder {
     const a = this.s.agent();
     return {
       agent: { name: a.name, version: a.version, uptime_s: a.uptimeS, role: a.role, sync: a.sync, offline_after_ms: a.offlineAfterMs },
-      fleet: this.s.federation ? (await this.s.federation.fleet(now)).map(fleetJson) : [],
+      fleet: this.s.federation ? (await this.s.federation.fleet(now)).map((p) => fleetJson(p, now)) : [],
       channels,
       history: this.s.history.all().map((p) => ({
         t: p.t,

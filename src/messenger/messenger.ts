@@ -730,7 +730,8 @@ export class Messenger {
     if (!logs) {
       const m = this.matcher(pattern);
       logs = this.store.all().filter((l) => m(l.name));
-      if (this.matchCache.size > 1000) this.matchCache.clear();
+      // Bounded, but above the patterns of a hub with thousands of peers (each reads its own).
+      if (this.matchCache.size > 50_000) this.matchCache.clear();
       this.matchCache.set(pattern, logs);
     }
     return logs;
@@ -829,16 +830,35 @@ export class Messenger {
     else this.cfg.logger.info("retention removed segments", fields);
   }
 
+  /** Messages stored since start, over every channel (cheap: no per-subscriber figures). */
+  publishedTotal(): number {
+    let n = 0;
+    for (const c of this.counters.values()) n += c.published;
+    return n;
+  }
+
   /** Per-channel and total figures, subscriber lag, latency percentiles. */
   stats(): MessengerStats {
     const subs = this.cursorStore.list();
     const totals = { channels: 0, messages: 0, bytes: 0, subscribers: subs.length, ...zeroCounters() };
     const channels: ChannelStats[] = [];
+    // Each subscriber to the channels its pattern matches (cached): a hub with thousands of peer
+    // cursors over hundreds of channels must not test every pair.
+    const byChannel = new Map<string, typeof subs>();
+    for (const s of subs) {
+      for (const log of this.matchingLogs(s.pattern)) {
+        let list = byChannel.get(log.name);
+        if (!list) {
+          list = [];
+          byChannel.set(log.name, list);
+        }
+        list.push(s);
+      }
+    }
     for (const log of this.store.all().sort((a, b) => a.name.localeCompare(b.name))) {
       const c = this.counters.get(log.name) ?? zeroCounters();
       const subscribers: SubscriberStats[] = [];
-      for (const s of subs) {
-        if (!this.matcher(s.pattern)(log.name)) continue;
+      for (const s of byChannel.get(log.name) ?? []) {
         const cursor = Math.max(s.cursors[log.name] ?? log.firstSeq, log.firstSeq);
         const group = this.queues.get(s.pattern, s.name);
         subscribers.push({
