@@ -29,7 +29,7 @@ const run = (bin: string, env: Record<string, string> = {}) => {
   return { code: r.exitCode, err: r.stderr.toString().trim() };
 };
 
-const all = "curl gcc libc6-dev python3 openssl mosquitto-clients nats-server pkg-config fuse3 libfuse3-dev libssl-dev e2fsprogs mount";
+const all = "curl gcc libc6-dev python3 openssl mosquitto-clients nats-server pkg-config fuse3 libfuse3-dev libssl-dev chromium e2fsprogs mount";
 
 describe.skipIf(process.platform !== "linux")("npm test's system packages", () => {
   test("nothing missing: nothing to do", () => {
