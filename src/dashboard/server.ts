@@ -38,6 +38,8 @@ export interface DashboardOptions {
   logger: Logger;
   /** The snapshot the page shows (JSON-ready). */
   snapshot: () => Promise<unknown>;
+  /** Events a page may leave unread before it is dropped (it reconnects and starts over); default 30, a minute's worth. */
+  maxQueuedEvents?: number;
 }
 
 export class DashboardServer {
@@ -73,6 +75,11 @@ export class DashboardServer {
 
   get port(): number | undefined {
     return this.server?.port;
+  }
+
+  /** Pages with an open event stream. */
+  get openPages(): number {
+    return this.clients.size;
   }
 
   stop(): void {
@@ -205,6 +212,19 @@ export class DashboardServer {
           const parts = [`"fleet_changed":[${changed.join(",")}]`, `"fleet_removed":${JSON.stringify(removed)}`];
           if (newPoints) parts.push(`"history":${JSON.stringify(history)}`);
           data = update ??= enc.encode(`event: update\ndata: ${JSON.stringify(rest).slice(0, -1)},${parts.join(",")}}\n\n`);
+        }
+        // A page that stopped reading (a stalled tab, a link gone quiet) would pile up snapshots
+        // here without end: past the limit it is dropped, and its EventSource starts over.
+        if ((c.desiredSize ?? 0) < -(this.o.maxQueuedEvents ?? 30)) {
+          this.clients.delete(c);
+          this.fresh.delete(c);
+          try {
+            c.error(new Error("the page is not reading its events"));
+          } catch {
+            // already closed
+          }
+          this.o.logger.warn("dashboard page dropped: it left too many events unread");
+          continue;
         }
         try {
           c.enqueue(data);
