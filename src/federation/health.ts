@@ -7,15 +7,7 @@
  */
 import { decodeEnvelope } from "../envelope/envelope.ts";
 import type { Messenger } from "../messenger/messenger.ts";
-import type { ChannelBacklog } from "./link.ts";
-
-/** What a lane holds that the peer has not acknowledged. */
-export interface LaneBacklog {
-  priority: number;
-  messages: number;
-  /** Age of its oldest unacknowledged message, ms (null: nothing waits). */
-  oldestAgeMs: number | null;
-}
+import type { ChannelBacklog, LaneBacklog } from "./link.ts";
 
 /**
  * Publish times of the first unacknowledged record of each backlog, by
@@ -71,3 +63,5 @@ export function withAges(backlog: ChannelBacklog[], times: OldestTimes, laneOf: 
   }
   return { backlog, lanes: [...lanes.values()].sort((a, b) => a.priority - b.priority) };
 }
+
+export type { LaneBacklog };

@@ -3,7 +3,6 @@
  * who the peer is, whether it is open, frames out with backpressure, and a
  * way to end it with a reason. A `PeerSession` is one; tests use a fake.
  */
-import type { LaneBacklog } from "./health.ts";
 import type { LaneStats } from "./lanes.ts";
 
 export interface Link {
@@ -62,4 +61,12 @@ export interface ChannelBacklog {
   bytes: number;
   /** Age of the oldest message not acknowledged, ms, when sampled (health.ts). */
   oldestAgeMs?: number | null;
+}
+
+/** What a lane holds that the peer has not acknowledged. */
+export interface LaneBacklog {
+  priority: number;
+  messages: number;
+  /** Age of its oldest unacknowledged message, ms (null: nothing waits). */
+  oldestAgeMs: number | null;
 }

@@ -9,7 +9,27 @@ import { decodeEnvelope, type Message } from "../envelope/envelope.ts";
 import { DecodeError } from "../errors.ts";
 import { withContext } from "./context.ts";
 import { RetryLater } from "./retry-later.ts";
-import type { Handler, SubscriptionHost } from "./subscription.ts";
+import type { Logger } from "../observability/logger.ts";
+import type { CursorStore } from "../store/cursor-store.ts";
+
+/** A message handler; a throw (or rejection) means "failed, retry". */
+export type Handler<T = unknown> = (msg: Message<T>) => void | Promise<void>;
+
+/** What a handler subscription (or queue worker) needs from its messenger. */
+export interface SubscriptionHost {
+  readonly cursors: CursorStore;
+  readonly logger: Logger;
+  readonly retryBackoffBaseMs: number;
+  readonly retryBackoffMaxMs: number;
+  decoderFor(type: string): ((payload: unknown) => unknown) | undefined;
+  /** Stores a dead letter for `msg`; throws when it could not be stored. */
+  deadLetter(msg: Message, error: unknown, attempts: number): Promise<void>;
+  /** Metrics: a handler call succeeded after `latencyMs` from publish. */
+  noteDelivered(channel: string, latencyMs: number | undefined, redelivery: boolean): void;
+  /** A message expired before the handler got it. */
+  noteExpired(channel: string): void;
+  noteFailed(channel: string): void;
+}
 
 /** The log a record was read from, as far as delivery needs it. */
 export interface DeliveredFrom {

@@ -7,14 +7,11 @@
  * dead-letter channel. Loops sleep on the log's commit signal, so delivery
  * follows a publish without any polling delay.
  */
-import type { Message } from "../envelope/envelope.ts";
-import type { Logger } from "../observability/logger.ts";
 import type { ChannelLog } from "../store/channel-log.ts";
-import type { CursorState, CursorStore, StartFrom } from "../store/cursor-store.ts";
-import { HandlerRunner } from "./handler-runner.ts";
+import type { CursorState, StartFrom } from "../store/cursor-store.ts";
+import { type Handler, HandlerRunner, type SubscriptionHost } from "./handler-runner.ts";
 
-/** A message handler; a throw (or rejection) means "failed, retry". */
-export type Handler<T = unknown> = (msg: Message<T>) => void | Promise<void>;
+export type { Handler, SubscriptionHost };
 
 /** Options of `Messenger.subscribe`. */
 export interface SubscribeOptions {
@@ -24,22 +21,6 @@ export interface SubscribeOptions {
   serviceName?: string;
   /** Overrides `subscribers.maxRetries` for this subscription. */
   maxRetries?: number;
-}
-
-/** What a subscription needs from its messenger. */
-export interface SubscriptionHost {
-  readonly cursors: CursorStore;
-  readonly logger: Logger;
-  readonly retryBackoffBaseMs: number;
-  readonly retryBackoffMaxMs: number;
-  decoderFor(type: string): ((payload: unknown) => unknown) | undefined;
-  /** Stores a dead letter for `msg`; throws when it could not be stored. */
-  deadLetter(msg: Message, error: unknown, attempts: number): Promise<void>;
-  /** Metrics: a handler call succeeded after `latencyMs` from publish. */
-  noteDelivered(channel: string, latencyMs: number | undefined, redelivery: boolean): void;
-  /** A message expired before the handler got it. */
-  noteExpired(channel: string): void;
-  noteFailed(channel: string): void;
 }
 
 const READ_BATCH = 256;
