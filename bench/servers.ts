@@ -6,6 +6,7 @@
  */
 import { mkdirSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { createCa, issueCert } from "../src/pki/certs.ts";
 import { portOpen, spawnReady, stopProc, type Proc } from "./procs.ts";
 
 const CONFIGS = join(import.meta.dir, "configs");
@@ -88,11 +89,33 @@ export class Servers {
     return { ...(await this.server([bin("nats-server"), "-c", conf], port, `nats ${name}`)), conf };
   }
 
-  /** A hub Mosquitto and two edges bridged to it at QoS 1: `a` sends bench/# out, `b` takes it in. */
-  async mosquittoTrio(tag: string): Promise<{ hub: ConfServer; a: ConfServer; b: ConfServer }> {
-    const hub = await this.mosquitto(`${tag}-hub`);
-    const bridge = (name: string, direction: string) =>
-      "\n" + readFileSync(join(CONFIGS, "mosquitto-bridge.conf"), "utf8").replaceAll("{{HUB_PORT}}", String(hub.port)).replaceAll("{{DIRECTION}}", direction).replaceAll("{{NAME}}", `${tag}-${name}`);
+  /**
+   * A hub Mosquitto and two edges bridged to it at QoS 1: `a` sends bench/#
+   * out, `b` takes it in. With `tls`, the bridges connect to a second
+   * listener of the hub over mutual TLS (certificates of one CA, as keyop's
+   * links); clients still use the plain listeners.
+   */
+  async mosquittoTrio(tag: string, opts: { tls?: boolean } = {}): Promise<{ hub: ConfServer; a: ConfServer; b: ConfServer }> {
+    const tls = opts.tls ? await writeTrioCerts(this.dir(`${tag}-certs`)) : undefined;
+    // Started as root, Mosquitto reads its certificates after switching to its own user, which
+    // cannot enter the scratch directory (mode 0700): it keeps root for the TLS variant.
+    const asRoot = tls ? "\nuser root\n" : "";
+    const port = freePort();
+    let tlsPort = freePort();
+    while (tlsPort === port) tlsPort = freePort();
+    const hub = await this.mosquitto(
+      `${tag}-hub`,
+      tls ? `\nlistener ${tlsPort} 127.0.0.1\ncafile ${tls.ca}\ncertfile ${tls.hub.cert}\nkeyfile ${tls.hub.key}\nrequire_certificate true\n${asRoot}` : "",
+      port,
+    );
+    const bridge = (name: "a" | "b", direction: string) =>
+      "\n" +
+      readFileSync(join(CONFIGS, "mosquitto-bridge.conf"), "utf8")
+        .replaceAll("{{HUB_PORT}}", String(tls ? tlsPort : hub.port))
+        .replaceAll("{{DIRECTION}}", direction)
+        .replaceAll("{{NAME}}", `${tag}-${name}`) +
+      asRoot +
+      (tls ? `bridge_cafile ${tls.ca}\nbridge_certfile ${tls[name].cert}\nbridge_keyfile ${tls[name].key}\n` : "");
     const a = await this.mosquitto(`${tag}-a`, bridge("a", "out"));
     const b = await this.mosquitto(`${tag}-b`, bridge("b", "in"));
     return { hub, a, b };
@@ -111,6 +134,21 @@ export class Servers {
     };
     return { hub, a: await leaf("a"), b: await leaf("b"), leafPort };
   }
+}
+
+/** A CA and certificates for a hub and two edges (P-256, for 127.0.0.1), as PEM files in `dir`. */
+/** A CA and certificates for a hub and two edges (P-256, for 127.0.0.1), as PEM files in `dir`. */
+export async function writeTrioCerts(dir: string) {
+  const ca = await createCa();
+  writeFileSync(join(dir, "ca.pem"), ca.certPem);
+  const files = async (name: string) => {
+    const c = await issueCert(ca, { name, ip: ["127.0.0.1"] });
+    const f = { cert: join(dir, `${name}.pem`), key: join(dir, `${name}.key`) };
+    writeFileSync(f.cert, c.certPem);
+    writeFileSync(f.key, c.keyPem);
+    return f;
+  };
+  return { ca: join(dir, "ca.pem"), hub: await files("hub"), a: await files("a"), b: await files("b") };
 }
 
 /** CPU seconds (user + system) of a process so far, from /proc/PID/stat (10 ms ticks). */
@@ -146,6 +184,8 @@ export interface ProcCost {
   wakeups: number;
   /** CPU seconds by kind of thread. */
   byKind: Partial<Record<ThreadKind, number>>;
+  /** CPU seconds (the threads' sum) by process id. */
+  byPid: Map<number, number>;
 }
 
 export function snapshotOf(pids: number[]): ProcSnapshot {
@@ -178,13 +218,16 @@ export function costBetween(a: ProcSnapshot, b: ProcSnapshot): ProcCost {
   let ns = 0;
   let wakeups = 0;
   const byKind: Partial<Record<ThreadKind, number>> = {};
+  const byPid = new Map<number, number>();
   for (const [id, t] of b.threads) {
     const before = a.threads.get(id);
     const dns = t.ns - (before?.ns ?? 0);
     ns += dns;
+    const pid = Number(id.split("/")[0]);
+    byPid.set(pid, (byPid.get(pid) ?? 0) + dns / 1e9);
     wakeups += t.wakeups - (before?.wakeups ?? 0);
     byKind[t.kind] = (byKind[t.kind] ?? 0) + dns / 1e9;
   }
   const ticks = b.ticks - a.ticks;
-  return { cpu: ticks > ns / 1e9 + 0.02 ? ticks : ns / 1e9, wakeups, byKind };
+  return { cpu: ticks > ns / 1e9 + 0.02 ? ticks : ns / 1e9, wakeups, byKind, byPid };
 }

@@ -14,12 +14,15 @@ import mqtt from "mqtt";
 import { connect as natsConnect, StorageType } from "nats";
 import { start, startTrio, stop, type Proc } from "./fed-lib.ts";
 import { FLOOR_MESSAGE, FLOOR_MODES, type FloorMode } from "./floor-server.ts";
+import { RELAY_MESSAGE } from "./relay-floor.ts";
 import { pace, quantile, type Row } from "./lib.ts";
 import { portOpen, spawnReady, stopProc, until } from "./procs.ts";
-import { costBetween, freePort, type Servers, snapshotOf, type ThreadKind } from "./servers.ts";
+import { costBetween, freePort, type Servers, snapshotOf, type ThreadKind, writeTrioCerts } from "./servers.ts";
 
 /** The systems of the steady workload. */
-export type SteadySystem = "floor" | "keyop sync=none" | "keyop sync=always" | "mosquitto" | "nats";
+/** "mosquitto tls": the bridges over mutual TLS, as keyop's links are (plain "mosquitto" bridges use TCP). */
+/** "bare Bun relay": the two-hop floor (relay-floor.ts), three bare Bun processes over mutual TLS. */
+export type SteadySystem = "floor" | "bare Bun relay" | "keyop sync=none" | "keyop sync=always" | "mosquitto" | "mosquitto tls" | "nats";
 
 export interface SteadyOptions {
   servers: Servers;
@@ -45,6 +48,8 @@ export interface SteadyCost {
   wakeupsPerMsg: number;
   /** CPU µs per message by kind of thread (Bun: main, JIT compiler, GC helpers, allocator, thread pool). */
   byKindUs: Partial<Record<ThreadKind, number>>;
+  /** CPU µs per message of each server process, in the order of the path (two hops: A, hub, B). */
+  byServerUs: number[];
   latency?: { p50: number; p99: number; max: number; lost: number };
 }
 
@@ -83,19 +88,21 @@ async function measured(
   o: SteadyOptions,
   send: (i: number) => unknown,
   hooks: { afterWarm?: () => Promise<void>; afterRun?: () => Promise<void> } = {},
-): Promise<{ cpuUs: number; wakeupsPerMsg: number; byKindUs: Partial<Record<ThreadKind, number>> }> {
+): Promise<{ cpuUs: number; wakeupsPerMsg: number; byKindUs: Partial<Record<ThreadKind, number>>; byServerUs: number[] }> {
   await pace(Math.max(rate, WARM_RATE), o.warmMessages, 64, send);
   await pace(rate, Math.round(rate * o.warmSecs), 64, send);
   await hooks.afterWarm?.();
   const total = Math.round(rate * o.secs);
-  const s0 = snapshotOf(pids());
+  const ids = pids();
+  const s0 = snapshotOf(ids);
   await pace(rate, total, 64, send);
   // (Waiting for the last arrivals counts in the window: the work they caused is part of the cost.)
   await hooks.afterRun?.();
   const c = costBetween(s0, snapshotOf(pids()));
   const byKindUs: Partial<Record<ThreadKind, number>> = {};
   for (const [k, v] of Object.entries(c.byKind)) byKindUs[k as ThreadKind] = (v / total) * 1e6;
-  return { cpuUs: (c.cpu / total) * 1e6, wakeupsPerMsg: c.wakeups / total, byKindUs };
+  const byServerUs = ids.map((pid) => ((c.byPid.get(pid) ?? 0) / total) * 1e6);
+  return { cpuUs: (c.cpu / total) * 1e6, wakeupsPerMsg: c.wakeups / total, byKindUs, byServerUs };
 }
 
 /** The rate of the first part of every warm-up. */
@@ -127,6 +134,74 @@ async function floor(o: SteadyOptions, rate: number, mode: FloorMode): Promise<S
     return { system: "floor", workload: `floor: ${mode}`, rate, ...r };
   } finally {
     await stopProc(proc, "SIGTERM", o.servers.started);
+  }
+}
+
+/**
+ * The two-hop floor: three bare Bun relays over mutual TLS (relay-floor.ts),
+ * a publisher on A answered per message, a subscriber on B that answers each
+ * message; latency of each message, as for the brokers.
+ */
+async function relayFloor(o: SteadyOptions, rate: number): Promise<SteadyCost> {
+  const d = o.servers.dir(`relay-floor-${rate}`);
+  await writeTrioCerts(d);
+  const ports = { hub: freePort(), a: freePort(), b: freePort() };
+  const script = join(import.meta.dir, "relay-floor.ts");
+  const run = (args: (string | number)[], port: number, what: string) => spawnReady([process.execPath, script, ...args.map(String)], portOpen(port), what, { group: o.servers.started });
+  const hub = await run(["hub", ports.hub, d], ports.hub, "relay floor hub");
+  const b = await run(["b", ports.b, ports.hub, d], ports.b, "relay floor b");
+  const a = await run(["a", ports.a, ports.hub, d], ports.a, "relay floor a");
+  const ANSWER = new Uint8Array([0x40, 2, 0, 1]);
+  let lat: number[] = [];
+  let got = 0;
+  let rest = "";
+  const sub = await Bun.connect({
+    hostname: "127.0.0.1",
+    port: ports.b,
+    socket: {
+      data(s, chunk) {
+        rest += chunk.toString("latin1");
+        let n = 0;
+        while (rest.length >= RELAY_MESSAGE) {
+          const m = rest.slice(0, RELAY_MESSAGE);
+          rest = rest.slice(RELAY_MESSAGE);
+          lat.push(performance.timeOrigin + performance.now() - JSON.parse(m).t);
+          got++;
+          n++;
+        }
+        if (n > 0) s.write(new Uint8Array(4 * n).fill(ANSWER[0]!));
+      },
+    },
+  });
+  const waiting: (() => void)[] = [];
+  const pub = await Bun.connect({
+    hostname: "127.0.0.1",
+    port: ports.a,
+    socket: {
+      data(_s, chunk) {
+        for (let n = chunk.length / 4; n > 0; n--) waiting.shift()?.();
+      },
+    },
+  });
+  let sent = 0;
+  const send = () => {
+    sent++;
+    pub.write(new TextEncoder().encode(stamp().padEnd(RELAY_MESSAGE, " ")));
+    return new Promise<void>((resolve) => waiting.push(resolve));
+  };
+  try {
+    const r = await measured(() => [a.pid, hub.pid, b.pid], rate, o, send, {
+      afterWarm: async () => {
+        await arrived(() => got, sent);
+        lat = [];
+      },
+      afterRun: () => arrived(() => got, sent),
+    });
+    return { system: "bare Bun relay", workload: "two hops", rate, ...r, latency: latencyOf(lat, Math.round(rate * o.secs)) };
+  } finally {
+    pub.end();
+    sub.end();
+    for (const p of [a, b, hub]) await stopProc(p, "SIGTERM", o.servers.started);
   }
 }
 
@@ -294,8 +369,8 @@ async function mosquittoOneBroker(o: SteadyOptions, rate: number): Promise<Stead
   }
 }
 
-async function mosquittoTwoHops(o: SteadyOptions, rate: number): Promise<SteadyCost> {
-  const t = await o.servers.mosquittoTrio(`steady-mq-hops-${rate}`);
+async function mosquittoTwoHops(o: SteadyOptions, rate: number, tls = false): Promise<SteadyCost> {
+  const t = await o.servers.mosquittoTrio(`steady-mq-hops-${tls ? "tls-" : ""}${rate}`, { tls });
   try {
     // The bridges connect on their own schedule: wait until a message crosses both.
     const probe = await mqtt.connectAsync(`mqtt://127.0.0.1:${t.b.port}`, { clean: true });
@@ -310,7 +385,7 @@ async function mosquittoTwoHops(o: SteadyOptions, rate: number): Promise<SteadyC
     });
     await pub.endAsync();
     await probe.endAsync();
-    return await twoHopsMqtt(o, "mosquitto", rate, t.a.port, t.b.port, () => [t.a.proc.pid, t.hub.proc.pid, t.b.proc.pid]);
+    return await twoHopsMqtt(o, tls ? "mosquitto tls" : "mosquitto", rate, t.a.port, t.b.port, () => [t.a.proc.pid, t.hub.proc.pid, t.b.proc.pid]);
   } finally {
     for (const s of [t.a, t.b, t.hub]) await o.servers.kill(s);
   }
@@ -421,9 +496,11 @@ export async function steady(o: SteadyOptions): Promise<SteadyResult> {
     await step(`one broker keyop sync=always @${rate}`, () => keyopOneBroker(o, "always", rate));
     await step(`one broker mosquitto @${rate}`, () => mosquittoOneBroker(o, rate));
     await step(`one broker nats @${rate}`, () => natsOneBroker(o, rate));
+    await step(`two hops floor @${rate}`, () => relayFloor(o, rate));
     await step(`two hops keyop sync=none @${rate}`, () => keyopTwoHops(o, "none", rate));
     await step(`two hops keyop sync=always @${rate}`, () => keyopTwoHops(o, "always", rate));
     await step(`two hops mosquitto @${rate}`, () => mosquittoTwoHops(o, rate));
+    await step(`two hops mosquitto tls @${rate}`, () => mosquittoTwoHops(o, rate, true));
     await step(`two hops nats @${rate}`, () => natsTwoHops(o, rate));
   }
   let idleCosts: IdleCost[] = [];
@@ -448,7 +525,11 @@ export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
   const G = "6 steady rate";
   const find = (system: SteadySystem, workload: SteadyCost["workload"], rate: number) => costs.find((c) => c.system === system && c.workload === workload && c.rate === rate);
   for (const c of costs) {
-    const where = c.workload.startsWith("floor") ? "bare Bun server" : c.workload === "two hops" ? "all three servers" : "the server";
+    const where = c.workload.startsWith("floor")
+      ? "bare Bun server"
+      : c.workload === "two hops"
+        ? `all three servers (A / hub / B: ${c.byServerUs.map((u) => u.toFixed(0)).join(" / ")})`
+        : "the server";
     rows.push({
       group: G,
       metric: `${c.workload}, ${c.system === "floor" ? "" : `${c.system}, `}@${c.rate}/s: CPU per message`,
@@ -498,9 +579,22 @@ export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
       const k = find("keyop sync=none", "two hops", rate);
       const m = find("mosquitto", "two hops", rate);
       const r = ratio(k, m);
-      rows.push({ group: T, metric: `two hops @${rate}/s, keyop sync=none / mosquitto bridges CPU per message`, value: r, unit: "x", note: `<= 2: ${verdict(r <= 2)}` });
+      const relay = find("bare Bun relay", "two hops", rate);
+      rows.push({
+        group: T,
+        metric: `two hops @${rate}/s, keyop sync=none / mosquitto bridges CPU per message`,
+        value: r,
+        unit: "x",
+        note: `<= 2: ${verdict(r <= 2)}; the bare Bun relay over mutual TLS is ${ratio(relay, m).toFixed(2)}x, keyop ${ratio(k, relay).toFixed(2)}x that floor`,
+      });
       const p = k?.latency && m?.latency ? k.latency.p99 / m.latency.p99 : NaN;
       rows.push({ group: T, metric: `two hops @${rate}/s, keyop sync=none / mosquitto bridges p99`, value: p, unit: "x", note: `<= 2: ${verdict(p <= 2)}` });
+      // The same comparison with the bridges over mutual TLS, as keyop's links are: not the issue's target, the like-for-like figure.
+      const mt = find("mosquitto tls", "two hops", rate);
+      const rt = ratio(k, mt);
+      rows.push({ group: T, metric: `two hops @${rate}/s, keyop sync=none / mosquitto TLS bridges CPU per message`, value: rt, unit: "x", note: "like for like: both over mutual TLS" });
+      const pt = k?.latency && mt?.latency ? k.latency.p99 / mt.latency.p99 : NaN;
+      rows.push({ group: T, metric: `two hops @${rate}/s, keyop sync=none / mosquitto TLS bridges p99`, value: pt, unit: "x", note: "like for like: both over mutual TLS" });
       const a = find("keyop sync=always", "two hops", rate)?.latency?.p99 ?? NaN;
       rows.push({ group: T, metric: `two hops @${rate}/s, keyop sync=always p99`, value: a, unit: "ms", note: `< 5: ${verdict(a < 5)}` });
     }
