@@ -1,20 +1,24 @@
 /**
  * Allocator tuning for the long-running agent.
  *
- * Bun's buffers come from mimalloc, which by default hands pages back to the
- * kernel 10 ms after they empty. An agent under steady load allocates and
- * frees buffers (socket reads, envelopes, record batches) at tens of MB/s,
- * so those pages come straight back, each through a page fault, and the
- * faults showed as a large share of an ingest's event-loop time. Holding
- * empty pages for 10 s instead removes most of them, while memory still
- * goes back to the kernel once a burst is over (the figures are in
- * docs/benchmarks.md).
+ * Bun's buffers and its JavaScript heap's blocks come from mimalloc, which
+ * by default hands memory back to the kernel soon after it empties: whole
+ * pages 10 ms after they empty, and the free parts of pages still in use
+ * ("holes") on a 100 ms pass of its scavenger thread. An agent allocates
+ * and frees at a steady pace whatever its rate (socket reads, envelopes,
+ * records, the collector's blocks), so that memory comes straight back,
+ * each page through a page fault, and the scavenger's passes cost CPU of
+ * their own. Holding empty pages for 10 s and leaving holes in place
+ * removes most of the faults and most of the scavenger's work, for some
+ * more resident memory while the load lasts (the figures are in
+ * docs/benchmarks.md); memory still goes back to the kernel once a burst
+ * is over.
  *
  * mimalloc reads its options from the environment once, when the process
  * starts, so `keyop run` re-executes itself (same pid, same open files) with
- * the option set. A `MIMALLOC_PURGE_DELAY` already in the environment is
- * left alone: that is also how to opt out (`MIMALLOC_PURGE_DELAY=10` is
- * mimalloc's own default).
+ * the options set. An option already in the environment is left as it is:
+ * that is also how to opt out (`MIMALLOC_PURGE_DELAY=10` and
+ * `MIMALLOC_PURGE_HOLES=1` are mimalloc's own defaults).
  */
 
 /** Milliseconds mimalloc keeps an empty page before returning it to the kernel. */
@@ -23,27 +27,40 @@ export const PURGE_DELAY_MS = 10_000;
 /** The environment variable mimalloc reads the purge delay from. */
 export const PURGE_DELAY_ENV = "MIMALLOC_PURGE_DELAY";
 
-/** What the re-executed process runs: the executable and its arguments. */
+/** The environment variable of the scavenger's purging of free space inside pages in use. */
+export const PURGE_HOLES_ENV = "MIMALLOC_PURGE_HOLES";
+
+/** What the agent sets, unless the environment already says. */
+export const ALLOCATOR_OPTIONS: Readonly<Record<string, string>> = {
+  [PURGE_DELAY_ENV]: String(PURGE_DELAY_MS),
+  [PURGE_HOLES_ENV]: "0",
+};
+
+/** What the re-executed process runs: the executable, its arguments, and the options it adds. */
 export interface ExecPlan {
   file: string;
   args: string[];
+  /** The allocator options not already in the environment. */
+  set: Record<string, string>;
 }
 
 /**
  * The command that starts this same process again, or null when there is
- * nothing to do (the option is already set). `main` is `Bun.main`: in a
+ * nothing to do (every option is already set). `main` is `Bun.main`: in a
  * compiled binary it is a path inside the binary (`/$bunfs/...`) that must
  * not be passed back as an argument.
  */
 export function reexecPlan(env: Record<string, string | undefined>, execPath: string, execArgv: readonly string[], argv: readonly string[], main: string): ExecPlan | null {
-  if (env[PURGE_DELAY_ENV] !== undefined) return null;
+  const set: Record<string, string> = {};
+  for (const [k, v] of Object.entries(ALLOCATOR_OPTIONS)) if (env[k] === undefined) set[k] = v;
+  if (Object.keys(set).length === 0) return null;
   const compiled = main.startsWith("/$bunfs/") || main.startsWith("B:/~BUN/");
   const args = compiled ? [execPath, ...argv.slice(2)] : [execPath, ...execArgv, ...argv.slice(1)];
-  return { file: execPath, args };
+  return { file: execPath, args, set };
 }
 
 /**
- * Re-executes the process with the allocator option set; returns only if
+ * Re-executes the process with the allocator options set; returns only if
  * that is not needed or not possible (then the agent runs untuned and says
  * so on stderr).
  */
@@ -53,8 +70,11 @@ export function tuneAllocator(): void {
   const proc = process as { execve?: (file: string, args: string[], env: Record<string, string | undefined>) => never };
   if (typeof proc.execve !== "function") return;
   try {
-    proc.execve(plan.file, plan.args, { ...process.env, [PURGE_DELAY_ENV]: String(PURGE_DELAY_MS) });
+    proc.execve(plan.file, plan.args, { ...process.env, ...plan.set });
   } catch (err) {
-    process.stderr.write(`keyop run: could not restart with ${PURGE_DELAY_ENV}=${PURGE_DELAY_MS} (${err instanceof Error ? err.message : String(err)}); running with the allocator's defaults\n`);
+    const what = Object.entries(plan.set)
+      .map(([k, v]) => `${k}=${v}`)
+      .join(" ");
+    process.stderr.write(`keyop run: could not restart with ${what} (${err instanceof Error ? err.message : String(err)}); running with the allocator's defaults\n`);
   }
 }

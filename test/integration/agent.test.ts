@@ -155,16 +155,18 @@ describe("keyop run as a process", () => {
 
   test("keyop run restarts itself once with the allocator tuned; a setting of the user's is kept", async () => {
     const environOf = (pid: number) => readFileSync(`/proc/${pid}/environ`, "utf8").split("\0");
-    // Started without the option (undefined leaves it out of the child's environment).
-    const tuned = await runAgent(tmpDir(), [], { MIMALLOC_PURGE_DELAY: undefined } as unknown as Record<string, string>);
-    // The process that answers is the one started (exec keeps the pid), now with the option set.
+    // Started without the options (undefined leaves them out of the child's environment).
+    const tuned = await runAgent(tmpDir(), [], { MIMALLOC_PURGE_DELAY: undefined, MIMALLOC_PURGE_HOLES: undefined } as unknown as Record<string, string>);
+    // The process that answers is the one started (exec keeps the pid), now with the options set.
     expect(environOf(tuned.child.proc.pid)).toContain(`MIMALLOC_PURGE_DELAY=${PURGE_DELAY_MS}`);
+    expect(environOf(tuned.child.proc.pid)).toContain("MIMALLOC_PURGE_HOLES=0");
     expect(readFileSync(`/proc/${tuned.child.proc.pid}/cmdline`, "utf8").split("\0")).toContain("run");
     tuned.child.proc.kill("SIGTERM");
     expect(await tuned.child.proc.exited).toBe(0);
 
-    const own = await runAgent(tmpDir(), [], { MIMALLOC_PURGE_DELAY: "25" });
+    const own = await runAgent(tmpDir(), [], { MIMALLOC_PURGE_DELAY: "25", MIMALLOC_PURGE_HOLES: undefined } as unknown as Record<string, string>);
     expect(environOf(own.child.proc.pid)).toContain("MIMALLOC_PURGE_DELAY=25");
+    expect(environOf(own.child.proc.pid)).toContain("MIMALLOC_PURGE_HOLES=0");
     own.child.proc.kill("SIGTERM");
     expect(await own.child.proc.exited).toBe(0);
   }, 40_000);
