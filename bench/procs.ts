@@ -40,8 +40,13 @@ export function agentHealthy(socket: string): () => Promise<boolean> {
 }
 
 /** Spawns `cmd` and waits until `ready`; registered in `group` (if given) until stopped. */
-export async function spawnReady(cmd: string[], ready: () => Promise<boolean>, what: string, opts: { stderr?: "inherit" | "ignore"; group?: Set<Proc> } = {}): Promise<Proc> {
-  const proc = Bun.spawn(cmd, { stdout: "ignore", stderr: opts.stderr ?? "ignore" });
+export async function spawnReady(
+  cmd: string[],
+  ready: () => Promise<boolean>,
+  what: string,
+  opts: { stderr?: "inherit" | "ignore"; group?: Set<Proc>; env?: Record<string, string> } = {},
+): Promise<Proc> {
+  const proc = Bun.spawn(cmd, { stdout: "ignore", stderr: opts.stderr ?? "ignore", env: opts.env ? { ...process.env, ...opts.env } : undefined });
   opts.group?.add(proc);
   try {
     await until(

@@ -9,12 +9,14 @@
  * file-system calls). A bare Bun server that only receives and answers is
  * the floor line: what the runtime costs before any keyop code runs.
  */
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import mqtt from "mqtt";
 import { connect as natsConnect, StorageType } from "nats";
 import { start, startTrio, stop, type Proc } from "./fed-lib.ts";
 import { FLOOR_MESSAGE, FLOOR_MODES, type FloorMode } from "./floor-server.ts";
 import { RELAY_MESSAGE } from "./relay-floor.ts";
+import { ALLOCATOR_OPTIONS } from "../src/cli/allocator.ts";
 import { pace, quantile, type Row } from "./lib.ts";
 import { portOpen, spawnReady, stopProc, until } from "./procs.ts";
 import { costBetween, freePort, type Servers, snapshotOf, type ThreadKind, writeTrioCerts } from "./servers.ts";
@@ -50,6 +52,8 @@ export interface SteadyCost {
   byKindUs: Partial<Record<ThreadKind, number>>;
   /** CPU µs per message of each server process, in the order of the path (two hops: A, hub, B). */
   byServerUs: number[];
+  /** Resident memory of each server at the end of the window, MB (same order). */
+  rssMB: number[];
   latency?: { p50: number; p99: number; max: number; lost: number };
 }
 
@@ -88,7 +92,7 @@ async function measured(
   o: SteadyOptions,
   send: (i: number) => unknown,
   hooks: { afterWarm?: () => Promise<void>; afterRun?: () => Promise<void> } = {},
-): Promise<{ cpuUs: number; wakeupsPerMsg: number; byKindUs: Partial<Record<ThreadKind, number>>; byServerUs: number[] }> {
+): Promise<{ cpuUs: number; wakeupsPerMsg: number; byKindUs: Partial<Record<ThreadKind, number>>; byServerUs: number[]; rssMB: number[] }> {
   await pace(Math.max(rate, WARM_RATE), o.warmMessages, 64, send);
   await pace(rate, Math.round(rate * o.warmSecs), 64, send);
   await hooks.afterWarm?.();
@@ -99,11 +103,27 @@ async function measured(
   // (Waiting for the last arrivals counts in the window: the work they caused is part of the cost.)
   await hooks.afterRun?.();
   const c = costBetween(s0, snapshotOf(pids()));
+  const rssMB = ids.map(rssOf);
   const byKindUs: Partial<Record<ThreadKind, number>> = {};
   for (const [k, v] of Object.entries(c.byKind)) byKindUs[k as ThreadKind] = (v / total) * 1e6;
   const byServerUs = ids.map((pid) => ((c.byPid.get(pid) ?? 0) / total) * 1e6);
-  return { cpuUs: (c.cpu / total) * 1e6, wakeupsPerMsg: c.wakeups / total, byKindUs, byServerUs };
+  return { cpuUs: (c.cpu / total) * 1e6, wakeupsPerMsg: c.wakeups / total, byKindUs, byServerUs, rssMB };
 }
+
+/** VmRSS of `pid` in MB (0 once it is gone). */
+function rssOf(pid: number): number {
+  try {
+    return Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) / 1024;
+  } catch {
+    return 0;
+  }
+}
+
+/**
+ * The floor's Bun processes run with the allocator options `keyop run`
+ * sets for itself: the floor is what the runtime allows as keyop runs it.
+ */
+const FLOOR_ENV = { ...ALLOCATOR_OPTIONS };
 
 /** The rate of the first part of every warm-up. */
 const WARM_RATE = 4000;
@@ -112,7 +132,10 @@ const WARM_RATE = 4000;
 async function floor(o: SteadyOptions, rate: number, mode: FloorMode): Promise<SteadyCost> {
   const port = freePort();
   const d = o.servers.dir(`floor-${mode}`);
-  const proc = await spawnReady([process.execPath, join(import.meta.dir, "floor-server.ts"), String(port), mode, join(d, "log")], portOpen(port), `floor ${mode}`, { group: o.servers.started });
+  const proc = await spawnReady([process.execPath, join(import.meta.dir, "floor-server.ts"), String(port), mode, join(d, "log")], portOpen(port), `floor ${mode}`, {
+    group: o.servers.started,
+    env: FLOOR_ENV,
+  });
   try {
     const waiting: (() => void)[] = [];
     const sock = await Bun.connect({
@@ -147,7 +170,8 @@ async function relayFloor(o: SteadyOptions, rate: number): Promise<SteadyCost> {
   await writeTrioCerts(d);
   const ports = { hub: freePort(), a: freePort(), b: freePort() };
   const script = join(import.meta.dir, "relay-floor.ts");
-  const run = (args: (string | number)[], port: number, what: string) => spawnReady([process.execPath, script, ...args.map(String)], portOpen(port), what, { group: o.servers.started });
+  const run = (args: (string | number)[], port: number, what: string) =>
+    spawnReady([process.execPath, script, ...args.map(String)], portOpen(port), what, { group: o.servers.started, env: FLOOR_ENV });
   const hub = await run(["hub", ports.hub, d], ports.hub, "relay floor hub");
   const b = await run(["b", ports.b, ports.hub, d], ports.b, "relay floor b");
   const a = await run(["a", ports.a, ports.hub, d], ports.a, "relay floor a");
@@ -441,6 +465,7 @@ async function idle(o: SteadyOptions): Promise<IdleCost[]> {
     "floor server",
     {
       group: o.servers.started,
+      env: FLOOR_ENV,
     },
   );
   const floorClient = await Bun.connect({ hostname: "127.0.0.1", port: floorPort, socket: { data() {} } });
@@ -535,7 +560,7 @@ export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
       metric: `${c.workload}, ${c.system === "floor" ? "" : `${c.system}, `}@${c.rate}/s: CPU per message`,
       value: c.cpuUs,
       unit: "µs",
-      note: `${where}; ${c.wakeupsPerMsg.toFixed(2)} wake-ups per message${kinds(c)}`,
+      note: `${where}; ${c.wakeupsPerMsg.toFixed(2)} wake-ups per message${kinds(c)}; RSS ${c.rssMB.map((m) => m.toFixed(0)).join(" / ")} MB`,
     });
     if (c.latency)
       rows.push({

@@ -1,0 +1,214 @@
+/**
+ * The hub's path of one message inside one process, without sockets or
+ * other processes: a BATCH frame from device A goes into a hub-side
+ * `PeerSession`, the `Receiver` stores it in a real log (`sync: none`), the
+ * `Forwarder` of device B's cursor reads it and writes a BATCH into B's
+ * session, whose transport hands the bytes back here; B's ACK comes back
+ * after B's own hold, as a real B would send it.
+ *
+ * It measures what keyop's code costs per message on the hub apart from
+ * the kernel and the TLS sockets: CPU (process.cpuUsage, all threads) per
+ * message, one message at a time (what a board's rate looks like to the
+ * hub: every message alone) and paced at a fixed rate. For A/B of a change
+ * to the path, with far less noise than the three-process step.
+ *
+ *   bun bench/hub-path.ts [--n=20000] [--warm=60000] [--rate=1000] [--sync=none|always]
+ *
+ * It prints one JSON line: CPU and wall time per message, minor page
+ * faults and voluntary context switches per message, RSS, and the CPU of
+ * each kind of thread.
+ */
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { buildEnvelope } from "../src/envelope/build.ts";
+import { RecentIds } from "../src/federation/dedup.ts";
+import { Forwarder } from "../src/federation/forwarder.ts";
+import { FrameDecoder, FrameType } from "../src/federation/frame.ts";
+import { ackFrame, batchFrame, clientHello, helloFrame, parseBatch } from "../src/federation/messages.ts";
+import { Receiver } from "../src/federation/receiver.ts";
+import { PeerSession, type SessionTransport } from "../src/federation/session.ts";
+import { messengerSink } from "../src/federation/sink.ts";
+import { Messenger } from "../src/messenger/messenger.ts";
+import { silentLogger } from "../src/observability/logger.ts";
+import { tuneAllocator } from "../src/cli/allocator.ts";
+
+// With the allocator as `keyop run` sets it (this re-executes the script once).
+tuneAllocator();
+
+function arg(name: string, fallback: string): string {
+  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
+  return a ? a.slice(name.length + 3) : fallback;
+}
+
+const N = Number(arg("n", "20000"));
+const WARM = Number(arg("warm", "60000"));
+const RATE = Number(arg("rate", "0"));
+const SYNC = arg("sync", "none") as "none" | "always";
+const B_ACK_HOLD_MS = 5;
+
+const dir = mkdtempSync(join(tmpdir(), "keyop-hub-path-"));
+const messenger = await Messenger.open({ name: "hub", storage: { dataDir: dir, sync: SYNC }, logger: silentLogger });
+const identity = (name: string) => ({ name, fingerprint: `fp-${name}`, notAfter: new Date(Date.now() + 86_400_000) });
+const sessionOpts = { maxBody: (1 << 20) + 65_536, heartbeatMs: 5_000, logger: silentLogger };
+const welcome = (subscribe: string[]) => ({ version: 1, name: "hub", publish: ["up.>"], subscribe, heartbeatMs: 5_000, maxBatchBytes: 1 << 20 });
+
+/** A transport that takes every byte; what it is given goes to `onBytes`. */
+function transport(onBytes: (b: Uint8Array) => void): SessionTransport {
+  return {
+    write(bytes) {
+      onBytes(bytes);
+      return bytes.length;
+    },
+    end() {},
+    terminate() {},
+  };
+}
+
+// Device A's session at the hub: what A sends is fed to `fromA.receive`; the hub's ACKs to A are dropped.
+let receiver: Receiver | null = null;
+const fromA = new PeerSession(
+  transport(() => {}),
+  identity("a"),
+  { ...sessionOpts, role: "hub" },
+  {
+    onHello: () => welcome([]),
+    onBatch: (s, b) => receiver!.handle(s, b),
+  },
+);
+receiver = new Receiver({ sink: messengerSink(messenger), self: "hub", dedup: new RecentIds(100_000), logger: silentLogger, allow: () => true });
+
+// Device B's session at the hub: its transport decodes the hub's BATCHes and answers as B does (held ACKs).
+let delivered = 0;
+let wake: (() => void) | null = null;
+let forwarder = null as Forwarder | null;
+const toBDecoder = new FrameDecoder(1 << 24);
+const heldAcks: Uint8Array[] = [];
+let ackPending = false;
+const toB: PeerSession = new PeerSession(
+  transport((bytes) => {
+    for (const f of toBDecoder.push(bytes)) {
+      if (f.type !== FrameType.BATCH) continue;
+      const b = parseBatch(f);
+      delivered += b.records.length;
+      heldAcks.push(ackFrame({ batch: b.batch, channel: b.channel, upto: b.seqs[b.seqs.length - 1]! }));
+      if (!ackPending) {
+        ackPending = true;
+        setTimeout(() => {
+          ackPending = false;
+          for (const a of heldAcks.splice(0)) toB.receive(a);
+        }, B_ACK_HOLD_MS);
+      }
+    }
+    const w = wake;
+    wake = null;
+    w?.();
+  }),
+  identity("b"),
+  { ...sessionOpts, role: "hub" },
+  {
+    onHello: () => welcome(["up.>"]),
+    onOpen: (s) => {
+      forwarder = new Forwarder({ messenger, session: s, patterns: ["up.>"], start: "latest", window: 64, maxBatchBytes: 1 << 20, logger: silentLogger });
+      void forwarder.run();
+    },
+    onAck: (_s, a) => forwarder!.onAck(a),
+  },
+);
+fromA.receive(helloFrame(clientHello({ name: "a", mode: "link", publish: ["up.>"], subscribe: [], heartbeatMs: 5_000, maxBatchBytes: 1 << 20 })));
+toB.receive(helloFrame(clientHello({ name: "b", mode: "link", publish: [], subscribe: ["up.>"], heartbeatMs: 5_000, maxBatchBytes: 1 << 20 })));
+while (!forwarder) await Bun.sleep(1);
+await Bun.sleep(20);
+
+// A's BATCH frames, one record each, as A's forwarder writes them.
+const payload = "x".repeat(200);
+let seqA = 0;
+function nextFrame(): Uint8Array {
+  seqA++;
+  const env = buildEnvelope("a", { channel: "up.t", type: "t", payload }, 1 << 20);
+  return batchFrame({ batch: seqA, channel: "up.t", seqs: [seqA], records: [env.body], delayAck: true });
+}
+
+/** Minor page faults (/proc/self/stat) and voluntary context switches of all threads so far. */
+function faults(): { minor: number; switches: number } {
+  const stat = readFileSync("/proc/self/stat", "utf8");
+  const minor = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[7]);
+  let switches = 0;
+  for (const t of readdirSync("/proc/self/task")) {
+    try {
+      const m = /voluntary_ctxt_switches:\s+(\d+)/.exec(readFileSync(`/proc/self/task/${t}/status`, "utf8"));
+      switches += Number(m?.[1] ?? 0);
+    } catch {
+      // a thread that ended meanwhile
+    }
+  }
+  return { minor, switches };
+}
+
+/** CPU ms of each thread kind so far (schedstat), by thread name. */
+function threadTimes(): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const t of readdirSync("/proc/self/task")) {
+    try {
+      const comm = readFileSync(`/proc/self/task/${t}/comm`, "utf8")
+        .trim()
+        .replace(/[0-9]+$/, "");
+      const ns = Number(readFileSync(`/proc/self/task/${t}/schedstat`, "utf8").split(" ")[0]);
+      out[comm] = Math.round((out[comm] ?? 0) + ns / 1e6);
+    } catch {
+      // a thread that ended meanwhile
+    }
+  }
+  return out;
+}
+
+/** Sends `count` messages; each waits for the one before it to reach B (or, paced, for its slot). */
+async function run(frames: Uint8Array[]): Promise<{ cpuUs: number; wallMs: number; minorFaults: number; switches: number }> {
+  const count = frames.length;
+  const target = delivered + count;
+  const t0 = performance.now();
+  const f0 = faults();
+  const c0 = process.cpuUsage();
+  for (let i = 0; i < count; i++) {
+    if (RATE > 0) {
+      const due = t0 + (i * 1000) / RATE;
+      const wait = due - performance.now();
+      if (wait > 0) await Bun.sleep(wait);
+      fromA.receive(frames[i]!);
+    } else {
+      const before = delivered;
+      fromA.receive(frames[i]!);
+      if (delivered === before) await new Promise<void>((r) => (wake = r));
+    }
+  }
+  while (delivered < target) await new Promise<void>((r) => (wake = r));
+  const c = process.cpuUsage(c0);
+  const f1 = faults();
+  return { cpuUs: c.user + c.system, wallMs: performance.now() - t0, minorFaults: f1.minor - f0.minor, switches: f1.switches - f0.switches };
+}
+
+// Built before anything is measured (and before the profile that a run may take).
+const warmFrames = Array.from({ length: WARM }, nextFrame);
+const frames = Array.from({ length: N }, nextFrame);
+await run(warmFrames);
+Bun.gc(true);
+const r = await run(frames);
+const perMsg = r.cpuUs / N;
+console.log(
+  JSON.stringify({
+    workload: RATE > 0 ? `hub path @${RATE}/s` : "hub path, one at a time",
+    sync: SYNC,
+    messages: N,
+    cpuUsPerMsg: Math.round(perMsg * 10) / 10,
+    wallUsPerMsg: Math.round((r.wallMs * 1000) / N),
+    minorFaultsPerMsg: Math.round((r.minorFaults / N) * 100) / 100,
+    wakeupsPerMsg: Math.round((r.switches / N) * 100) / 100,
+    rssMB: Math.round(process.memoryUsage().rss / 1e5) / 10,
+    threadsMs: threadTimes(),
+    bound: "process CPU (one thread of JS, the log writes)",
+  }),
+);
+forwarder?.stop();
+await messenger.close();
+rmSync(dir, { recursive: true, force: true });
+process.exit(0);
