@@ -406,9 +406,23 @@ function sameBytes(body: Uint8Array, start: number, end: number, name: Uint8Arra
   return true;
 }
 
-/** UTF-8 bytes of a name, for `channelIs` and `routeIncludes`. */
+const nameEncoder = new TextEncoder();
+/** Names seen lately and their bytes: a link's few channels and peers come back with every batch. */
+const nameCache = new Map<string, Uint8Array>();
+const NAME_CACHE_MAX = 4096;
+
+/**
+ * UTF-8 bytes of a name, for `channelIs`, `routeIncludes` and the frames.
+ * Shared between callers: read it, never write into it.
+ */
 export function utf8Bytes(name: string): Uint8Array {
-  return new TextEncoder().encode(name);
+  let b = nameCache.get(name);
+  if (b === undefined) {
+    if (nameCache.size >= NAME_CACHE_MAX) nameCache.clear();
+    b = nameEncoder.encode(name);
+    nameCache.set(name, b);
+  }
+  return b;
 }
 
 /**

@@ -12,7 +12,7 @@
  * against the limit before a byte of the body is buffered, and every
  * malformed input ends in a `FrameError`, never in another exception.
  */
-import { uninitialized } from "../bytes.ts";
+import { getU16BE, getU32BE, setU16BE, setU32BE, uninitialized } from "../bytes.ts";
 import { Packr } from "msgpackr";
 import { KeyopError } from "../errors.ts";
 
@@ -71,11 +71,10 @@ export function encodeFrame(type: FrameTypeId, body: Record<string, unknown>, ma
   const payload = packr.pack(body);
   if (payload.length > maxBody) throw new FrameError(`${frameTypeName(type)} body of ${payload.length} bytes exceeds ${maxBody}`);
   const out = new Uint8Array(HEADER_BYTES + payload.length);
-  const view = new DataView(out.buffer);
-  view.setUint16(0, MAGIC);
+  setU16BE(out, 0, MAGIC);
   out[2] = PROTOCOL_VERSION;
   out[3] = type;
-  view.setUint32(4, payload.length);
+  setU32BE(out, 4, payload.length);
   out.set(payload, HEADER_BYTES);
   return out;
 }
@@ -142,13 +141,13 @@ export class FrameDecoder {
     const frames: Frame[] = [];
     while (this.size >= HEADER_BYTES) {
       const head = this.peek(HEADER_BYTES);
-      const view = new DataView(head.buffer, head.byteOffset, HEADER_BYTES);
-      if (view.getUint16(0) !== MAGIC) throw new FrameError(`bad magic 0x${view.getUint16(0).toString(16).padStart(4, "0")}`);
+      const magic = getU16BE(head, 0);
+      if (magic !== MAGIC) throw new FrameError(`bad magic 0x${magic.toString(16).padStart(4, "0")}`);
       const version = head[2]!;
       if (version !== PROTOCOL_VERSION) throw new FrameError(`unsupported protocol version ${version}`);
       const type = head[3]!;
       if (!(type in TYPE_NAMES)) throw new FrameError(`unknown frame type ${type}`);
-      const len = view.getUint32(4);
+      const len = getU32BE(head, 4);
       // The limit is checked on the header alone, before more of the body is kept.
       if (len > this.maxBody) throw new FrameError(`${frameTypeName(type)} of ${len} bytes exceeds the limit of ${this.maxBody}`);
       if (len === 0) throw new FrameError(`${frameTypeName(type)} has an empty body`);

@@ -5,8 +5,9 @@
  * `FrameError`. Names claimed in a HELLO are informational only; a peer's
  * identity is its certificate's CN.
  */
-import { uninitialized } from "../bytes.ts";
+import { setU16BE, setU32BE, uninitialized } from "../bytes.ts";
 import { assertChannel, assertPattern } from "../envelope/names.ts";
+import { utf8Bytes } from "../envelope/scan.ts";
 import { KeyopError } from "../errors.ts";
 import { encodeFrame, FrameError, FrameType, HARD_MAX_BODY, HEADER_BYTES, MAGIC, PROTOCOL_VERSION, type Frame } from "./frame.ts";
 
@@ -207,34 +208,33 @@ export function parseWelcome(f: Frame): Welcome {
  * `encodeFrame(BATCH, {n, c, s, r})` gives (the tests check it).
  */
 export function batchFrame(bt: Batch, maxBody = HARD_MAX_BODY): Uint8Array {
-  const channelBytes = new TextEncoder().encode(bt.channel);
+  const channelBytes = utf8Bytes(bt.channel);
   const n = bt.records.length;
   let size = 3 + 2 + uintSize(bt.batch) + 2 + strHeaderSize(channelBytes.length) + channelBytes.length + 2 + arrayHeaderSize(n) + 2 + arrayHeaderSize(n);
   for (let i = 0; i < n; i++) size += uintSize(bt.seqs[i]!) + binHeaderSize(bt.records[i]!.length) + bt.records[i]!.length;
   if (bt.delayAck) size += 3; // "d": true
   if (size > maxBody) throw new FrameError(`BATCH body of ${size} bytes exceeds ${maxBody}`);
   const out = uninitialized(HEADER_BYTES + size);
-  const view = new DataView(out.buffer, out.byteOffset, out.byteLength);
-  view.setUint16(0, MAGIC);
+  setU16BE(out, 0, MAGIC);
   out[2] = PROTOCOL_VERSION;
   out[3] = FrameType.BATCH;
-  view.setUint32(4, size);
+  setU32BE(out, 4, size);
   let at = HEADER_BYTES;
   // map16, as msgpackr writes objects
   out[at++] = 0xde;
   out[at++] = 0;
   out[at++] = bt.delayAck ? 5 : 4;
   at = fixKey(out, at, 0x6e); // "n"
-  at = writeUint(out, view, at, bt.batch);
+  at = writeUint(out, at, bt.batch);
   at = fixKey(out, at, 0x63); // "c"
-  at = writeStrHeader(out, view, at, channelBytes.length);
+  at = writeStrHeader(out, at, channelBytes.length);
   out.set(channelBytes, at);
   at += channelBytes.length;
   at = fixKey(out, at, 0x73); // "s"
-  at = writeArrayHeader(out, view, at, n);
-  for (let i = 0; i < n; i++) at = writeUint(out, view, at, bt.seqs[i]!);
+  at = writeArrayHeader(out, at, n);
+  for (let i = 0; i < n; i++) at = writeUint(out, at, bt.seqs[i]!);
   at = fixKey(out, at, 0x72); // "r"
-  at = writeArrayHeader(out, view, at, n);
+  at = writeArrayHeader(out, at, n);
   for (let i = 0; i < n; i++) {
     const r = bt.records[i]!;
     if (r.length <= 0xff) {
@@ -242,11 +242,11 @@ export function batchFrame(bt: Batch, maxBody = HARD_MAX_BODY): Uint8Array {
       out[at++] = r.length;
     } else if (r.length <= 0xffff) {
       out[at++] = 0xc5;
-      view.setUint16(at, r.length);
+      setU16BE(out, at, r.length);
       at += 2;
     } else {
       out[at++] = 0xc6;
-      view.setUint32(at, r.length);
+      setU32BE(out, at, r.length);
       at += 4;
     }
     out.set(r, at);
@@ -270,54 +270,54 @@ function fixKey(out: Uint8Array, at: number, ch: number): number {
   return at + 2;
 }
 
-function writeUint(out: Uint8Array, view: DataView, at: number, v: number): number {
+function writeUint(out: Uint8Array, at: number, v: number): number {
   if (v < 0x80) out[at++] = v;
   else if (v <= 0xff) {
     out[at++] = 0xcc;
     out[at++] = v;
   } else if (v <= 0xffff) {
     out[at++] = 0xcd;
-    view.setUint16(at, v);
+    setU16BE(out, at, v);
     at += 2;
   } else if (v <= 0xffffffff) {
     out[at++] = 0xce;
-    view.setUint32(at, v);
+    setU32BE(out, at, v);
     at += 4;
   } else {
     out[at++] = 0xcf;
-    view.setUint32(at, Math.floor(v / 0x1_0000_0000));
-    view.setUint32(at + 4, v % 0x1_0000_0000);
+    setU32BE(out, at, Math.floor(v / 0x1_0000_0000));
+    setU32BE(out, at + 4, v % 0x1_0000_0000);
     at += 8;
   }
   return at;
 }
 
-function writeStrHeader(out: Uint8Array, view: DataView, at: number, len: number): number {
+function writeStrHeader(out: Uint8Array, at: number, len: number): number {
   if (len < 32) out[at++] = 0xa0 | len;
   else if (len <= 0xff) {
     out[at++] = 0xd9;
     out[at++] = len;
   } else if (len <= 0xffff) {
     out[at++] = 0xda;
-    view.setUint16(at, len);
+    setU16BE(out, at, len);
     at += 2;
   } else {
     out[at++] = 0xdb;
-    view.setUint32(at, len);
+    setU32BE(out, at, len);
     at += 4;
   }
   return at;
 }
 
-function writeArrayHeader(out: Uint8Array, view: DataView, at: number, len: number): number {
+function writeArrayHeader(out: Uint8Array, at: number, len: number): number {
   if (len < 16) out[at++] = 0x90 | len;
   else if (len <= 0xffff) {
     out[at++] = 0xdc;
-    view.setUint16(at, len);
+    setU16BE(out, at, len);
     at += 2;
   } else {
     out[at++] = 0xdd;
-    view.setUint32(at, len);
+    setU32BE(out, at, len);
     at += 4;
   }
   return at;

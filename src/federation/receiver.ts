@@ -57,8 +57,14 @@ export class Receiver {
   private chain: Promise<void> = Promise.resolve();
   readonly stats: ReceiverStats = { stored: 0, loops: 0, duplicates: 0, violations: 0, expired: 0 };
 
+  /** This instance's name as route bytes: compared with every route, appended to every stored one. */
+  private readonly selfBytes: Uint8Array;
+  private readonly selfEntry: Uint8Array;
+
   constructor(opts: ReceiverOptions) {
     this.opts = opts;
+    this.selfBytes = utf8Bytes(opts.self);
+    this.selfEntry = routeEntry(opts.self);
   }
 
   /** Ids being stored by batches whose commit has not finished (duplicates across batches in flight). */
@@ -141,14 +147,14 @@ export class Receiver {
   /** Validates, filters and appends; resolves true once durable (false: the session was closed). */
   private async store(session: Link, batch: Batch): Promise<boolean> {
     if (session.state !== "open") return false;
-    const { self, dedup, audit } = this.opts;
+    const { dedup, audit } = this.opts;
+    const { selfBytes } = this;
     const peer = session.peer.name;
     const keep: { view: EnvelopeView; body: Uint8Array; id: string }[] = [];
     const keepIds = new Set<string>();
     // Every record must be of the batch's channel (checked below), so the rules are checked once.
     const allowed = !this.opts.allow || this.opts.allow(batch.channel);
     const channelBytes = utf8Bytes(batch.channel);
-    const selfBytes = utf8Bytes(self);
     for (let i = 0; i < batch.records.length; i++) {
       const body = batch.records[i]!;
       let msg: EnvelopeView;
@@ -191,7 +197,7 @@ export class Receiver {
       if (msg.replyToStart >= 0) this.opts.onRequest?.(envelopeReplyTo(body, msg)!, msg.expires);
     }
     if (keep.length === 0) return true;
-    const entry = routeEntry(self);
+    const entry = this.selfEntry;
     const records = keep.map((k) => ({ id: k.id, body: withRoute(k.body, k.view, entry) }));
     for (const k of keep) this.pending.add(k.id);
     try {

@@ -9,7 +9,7 @@
  * Kept apart from file handling so recovery, readers and federation share
  * one definition of a valid record (docs/storage.md).
  */
-import { uninitialized } from "../bytes.ts";
+import { setU32LE, uninitialized } from "../bytes.ts";
 
 /** Bytes before the body of every record. */
 export const RECORD_HEADER_BYTES = 16;
@@ -24,13 +24,13 @@ export interface RawRecord {
 }
 
 /** Writes one record at `offset` of `buf`; returns the offset after it. */
-export function writeRecord(buf: Uint8Array, view: DataView, offset: number, seq: number, body: Uint8Array): number {
-  view.setUint32(offset, body.length, true);
-  view.setUint32(offset + 8, seq % 0x1_0000_0000, true);
-  view.setUint32(offset + 12, Math.floor(seq / 0x1_0000_0000), true);
+export function writeRecord(buf: Uint8Array, offset: number, seq: number, body: Uint8Array): number {
+  setU32LE(buf, offset, body.length);
+  setU32LE(buf, offset + 8, seq % 0x1_0000_0000);
+  setU32LE(buf, offset + 12, Math.floor(seq / 0x1_0000_0000));
   buf.set(body, offset + RECORD_HEADER_BYTES);
   const end = offset + RECORD_HEADER_BYTES + body.length;
-  view.setUint32(offset + 4, Bun.hash.crc32(buf.subarray(offset + 8, end)), true);
+  setU32LE(buf, offset + 4, Bun.hash.crc32(buf.subarray(offset + 8, end)));
   return end;
 }
 
@@ -39,9 +39,8 @@ export function encodeRecords(firstSeq: number, bodies: readonly Uint8Array[]): 
   let total = 0;
   for (const b of bodies) total += RECORD_HEADER_BYTES + b.length;
   const buf = uninitialized(total);
-  const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
   let off = 0;
-  for (let i = 0; i < bodies.length; i++) off = writeRecord(buf, view, off, firstSeq + i, bodies[i]!);
+  for (let i = 0; i < bodies.length; i++) off = writeRecord(buf, off, firstSeq + i, bodies[i]!);
   return buf;
 }
 

@@ -74,12 +74,11 @@ async function probe(fresh: Segment, i: ResealInput): Promise<number> {
   let total = PROBE_BYTES;
   for (const r of carried) total += RECORD_HEADER_BYTES + r.body.length;
   const buf = uninitialized(total);
-  const view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
   let end = 0;
   const offsets: number[] = [];
   for (const r of carried) {
     offsets.push(end);
-    end = writeRecord(buf, view, end, r.seq, r.body);
+    end = writeRecord(buf, end, r.seq, r.body);
   }
   buf.fill(0, end);
   const fh = await fresh.handle();
