@@ -160,10 +160,13 @@ export class CursorReader<T> {
   /** Something was committed, acknowledged or created since the last fetch began. */
   private dirty = true;
   private wake: (() => void) | null = null;
+  /** The subscriber's pattern may match several channels (a fetch may then hold several runs). */
+  private readonly wildcard: boolean;
 
   constructor(sub: DurableSubscriber, opts: CursorReaderOptions<T>) {
     this.sub = sub;
     this.opts = opts;
+    this.wildcard = isWildcard(sub.pattern);
     this.countRecords = opts.windowCounts === "records";
     // Start at the acked cursor: what an earlier consumer was sent and did not acknowledge comes again.
     this.sent = sub.positions();
@@ -199,7 +202,9 @@ export class CursorReader<T> {
       const room = window.room();
       if (room > 0 && this.dirty) {
         this.dirty = false;
-        const after = handsOutAll ? this.sent : new Map(this.sent);
+        // A fetch holds at most one run per channel: with room for one of each, all of it is
+        // handed out too, and the fetch may move the positions itself.
+        const after = handsOutAll || room >= this.sub.channelCount() ? this.sent : new Map(this.sent);
         const max = handsOutAll ? Math.min(room, this.opts.maxRecords) : this.opts.maxRecords;
         const recs = await form.fetch(this.sub, { max, maxBytes: this.opts.maxBytes, after });
         if (this.stopped || opts.signal?.aborted) return null;
@@ -291,7 +296,7 @@ export class CursorReader<T> {
     }
     // One channel (a subscriber of a plain channel, or a fetch that found one): one run, no copy.
     const channel = form.channel(recs[0]!);
-    if (form.channel(recs[recs.length - 1]!) === channel && !isWildcard(this.sub.pattern)) {
+    if (form.channel(recs[recs.length - 1]!) === channel && !this.wildcard) {
       let bytes = 0;
       if (form.sized) for (const r of recs) bytes += form.bytes(r);
       add(channel, recs, bytes);

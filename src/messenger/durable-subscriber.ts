@@ -107,6 +107,11 @@ export class DurableSubscriber {
     return c;
   }
 
+  /** How many channels match now: a fetch returns at most one run of each. */
+  channelCount(): number {
+    return this.host.matchingLogs(this.pattern).length;
+  }
+
   /** The acked positions on every matching channel. */
   positions(): Positions {
     const p: Positions = new Map();
