@@ -15,6 +15,7 @@
 import { getU16BE, getU32BE, setU16BE, setU32BE, uninitialized } from "../bytes.ts";
 import { Packr } from "msgpackr";
 import { KeyopError } from "../errors.ts";
+import { readSimpleMap } from "./simple-map.ts";
 
 /** First two bytes of every frame. */
 export const MAGIC = 0x4b59;
@@ -81,6 +82,8 @@ export function encodeFrame(type: FrameTypeId, body: Record<string, unknown>, ma
 
 /** Decodes a frame body of `type` (a msgpack map); throws `FrameError`. */
 export function decodeFrameBody(type: number, bytes: Uint8Array): Frame {
+  const simple = readSimpleMap(bytes);
+  if (simple !== null) return { type: type as FrameTypeId, body: simple, size: HEADER_BYTES + bytes.length };
   let body: unknown;
   try {
     body = packr.unpack(bytes);
