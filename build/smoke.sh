@@ -53,11 +53,12 @@ for _ in $(seq 1 600); do
 done
 [ -n "$up" ] || fail "agent socket did not answer within 30 s"
 ready_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-# keyop run restarts itself once with mimalloc's purge delay set (src/cli/allocator.ts); natively
+# keyop run restarts itself once with mimalloc's options set (src/cli/allocator.ts); natively
 # the same pid must now carry it. (Under qemu-user, the restart needs binfmt_misc; without it the
 # agent says so and runs untuned, which the run above has shown works.)
 if [ ${#runner[@]} -eq 0 ]; then
   tr '\0' '\n' <"/proc/$agent_pid/environ" | grep -q '^MIMALLOC_PURGE_DELAY=10000$' || fail "allocator tuning not applied"
+  tr '\0' '\n' <"/proc/$agent_pid/environ" | grep -q '^MIMALLOC_PURGE_HOLES=0$' || fail "allocator tuning (holes) not applied"
 fi
 
 k pub smoke.readings '{"celsius":21.5}' --type reading --socket data/keyop.sock >pub.json || fail "pub"
