@@ -50,6 +50,11 @@ describe("queue group across processes", () => {
       await waitFor(() => seqsOf(printer).length >= 150, "printer busy", 20_000).catch((err) => {
         throw new Error(`${err}: ${workers.map((w) => `${seqsOf(w).length} ${w.stderr()}`).join(" | ")} ${agent.logs().slice(-2000)}`);
       });
+      // Freeze it first, so that it surely dies with messages in hand: while it is stopped the
+      // group keeps handing it its turns until its window is full, and the others go on.
+      printer.proc.kill("SIGSTOP");
+      const othersAtStop = seqsOf(execer).length + seqsOf(python).length;
+      await waitFor(() => seqsOf(execer).length + seqsOf(python).length >= Math.min(othersAtStop + 100, N - 200), "others went on", 20_000);
       const live = workers.map(seqsOf);
       printer.proc.kill("SIGKILL");
       await printer.done;
