@@ -59,6 +59,7 @@ ready_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
 if [ ${#runner[@]} -eq 0 ]; then
   tr '\0' '\n' <"/proc/$agent_pid/environ" | grep -q '^MIMALLOC_PURGE_DELAY=10000$' || fail "allocator tuning not applied"
   tr '\0' '\n' <"/proc/$agent_pid/environ" | grep -q '^MIMALLOC_PURGE_HOLES=0$' || fail "allocator tuning (holes) not applied"
+  tr '\0' '\n' <"/proc/$agent_pid/environ" | grep -q '^MIMALLOC_PURGE_HOLES_MIN_INTERVAL=10000$' || fail "allocator tuning (sweep interval) not applied"
 fi
 
 k pub smoke.readings '{"celsius":21.5}' --type reading --socket data/keyop.sock >pub.json || fail "pub"

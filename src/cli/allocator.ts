@@ -14,11 +14,20 @@
  * docs/benchmarks.md); memory still goes back to the kernel once a burst
  * is over.
  *
+ * Bun's event loop also hands the thread's heaps to the scavenger each
+ * time it blocks, and by default the scavenger sweeps them again 100 ms
+ * later: an agent with a connected socket blocks every second at least
+ * (the runtime's own timers), so an idle agent woke twice as often as its
+ * main thread. One sweep per 10 s, the same pace as the purge delay, lets
+ * an idle agent sleep and still gives memory back within seconds of a
+ * burst.
+ *
  * mimalloc reads its options from the environment once, when the process
  * starts, so `keyop run` re-executes itself (same pid, same open files) with
  * the options set. An option already in the environment is left as it is:
- * that is also how to opt out (`MIMALLOC_PURGE_DELAY=10` and
- * `MIMALLOC_PURGE_HOLES=1` are mimalloc's own defaults).
+ * that is also how to opt out (`MIMALLOC_PURGE_DELAY=10`,
+ * `MIMALLOC_PURGE_HOLES=1` and `MIMALLOC_PURGE_HOLES_MIN_INTERVAL=100` are
+ * mimalloc's own defaults in Bun).
  */
 
 /** Milliseconds mimalloc keeps an empty page before returning it to the kernel. */
@@ -30,10 +39,17 @@ export const PURGE_DELAY_ENV = "MIMALLOC_PURGE_DELAY";
 /** The environment variable of the scavenger's purging of free space inside pages in use. */
 export const PURGE_HOLES_ENV = "MIMALLOC_PURGE_HOLES";
 
+/** The environment variable of the shortest time between two sweeps of a thread's heaps by the scavenger. */
+export const SWEEP_INTERVAL_ENV = "MIMALLOC_PURGE_HOLES_MIN_INTERVAL";
+
+/** Milliseconds between two sweeps of the event loop's heaps while it sleeps. */
+export const SWEEP_INTERVAL_MS = 10_000;
+
 /** What the agent sets, unless the environment already says. */
 export const ALLOCATOR_OPTIONS: Readonly<Record<string, string>> = {
   [PURGE_DELAY_ENV]: String(PURGE_DELAY_MS),
   [PURGE_HOLES_ENV]: "0",
+  [SWEEP_INTERVAL_ENV]: String(SWEEP_INTERVAL_MS),
 };
 
 /** What the re-executed process runs: the executable, its arguments, and the options it adds. */
