@@ -184,6 +184,8 @@ export interface ProcCost {
   wakeups: number;
   /** CPU seconds by kind of thread. */
   byKind: Partial<Record<ThreadKind, number>>;
+  /** Voluntary context switches by kind of thread. */
+  wakeupsByKind: Partial<Record<ThreadKind, number>>;
   /** CPU seconds (the threads' sum) by process id. */
   byPid: Map<number, number>;
 }
@@ -218,6 +220,7 @@ export function costBetween(a: ProcSnapshot, b: ProcSnapshot): ProcCost {
   let ns = 0;
   let wakeups = 0;
   const byKind: Partial<Record<ThreadKind, number>> = {};
+  const wakeupsByKind: Partial<Record<ThreadKind, number>> = {};
   const byPid = new Map<number, number>();
   for (const [id, t] of b.threads) {
     const before = a.threads.get(id);
@@ -225,9 +228,11 @@ export function costBetween(a: ProcSnapshot, b: ProcSnapshot): ProcCost {
     ns += dns;
     const pid = Number(id.split("/")[0]);
     byPid.set(pid, (byPid.get(pid) ?? 0) + dns / 1e9);
-    wakeups += t.wakeups - (before?.wakeups ?? 0);
+    const dw = t.wakeups - (before?.wakeups ?? 0);
+    wakeups += dw;
+    wakeupsByKind[t.kind] = (wakeupsByKind[t.kind] ?? 0) + dw;
     byKind[t.kind] = (byKind[t.kind] ?? 0) + dns / 1e9;
   }
   const ticks = b.ticks - a.ticks;
-  return { cpu: ticks > ns / 1e9 + 0.02 ? ticks : ns / 1e9, wakeups, byKind, byPid };
+  return { cpu: ticks > ns / 1e9 + 0.02 ? ticks : ns / 1e9, wakeups, byKind, wakeupsByKind, byPid };
 }

@@ -62,6 +62,8 @@ export interface IdleCost {
   who: string;
   cpuPct: number;
   wakeupsPerSec: number;
+  /** Wake-ups per second by kind of thread ("main 1.4, allocator 0.2"): which thread wakes. */
+  wakeupsByKind: string;
   /** File-system calls seen by strace in a second window (open, stat, write to files, fsync...). */
   fileCalls: number | undefined;
   /** Of those, the ones reading /proc (not counted in fileCalls). */
@@ -493,6 +495,10 @@ async function idle(o: SteadyOptions): Promise<IdleCost[]> {
       who: name,
       cpuPct: (c[i]!.cpu / secs) * 100,
       wakeupsPerSec: c[i]!.wakeups / secs,
+      wakeupsByKind: Object.entries(c[i]!.wakeupsByKind)
+        .filter(([, n]) => (n ?? 0) > 0)
+        .map(([k, n]) => `${k} ${((n ?? 0) / secs).toFixed(2)}`)
+        .join(", "),
       fileCalls: files[i]?.count,
       procReads: files[i]?.proc,
       fileCallNames: files[i]?.names ?? "strace not installed",
@@ -577,7 +583,7 @@ export function steadyRows(costs: SteadyCost[], idleCosts: IdleCost[]): Row[] {
       metric: `idle: ${i.who}`,
       value: i.cpuPct,
       unit: "% core",
-      note: `${i.wakeupsPerSec.toFixed(1)} wake-ups/s; file-system calls in a window as long: ${i.fileCalls ?? "?"}${i.fileCalls ? ` (${i.fileCallNames})` : ""}, reads of /proc: ${i.procReads ?? "?"}`,
+      note: `${i.wakeupsPerSec.toFixed(1)} wake-ups/s (${i.wakeupsByKind}); file-system calls in a window as long: ${i.fileCalls ?? "?"}${i.fileCalls ? ` (${i.fileCallNames})` : ""}, reads of /proc: ${i.procReads ?? "?"}`,
     });
   const T = "targets";
   const verdict = (ok: boolean) => (ok ? "met" : "MISSED");
