@@ -309,8 +309,6 @@ export class ChannelLog {
         this.redo = [];
         this.queue = [];
         await this.writeBatch(batch);
-        // Nothing waits: done, without a turn of the event loop (a later append starts again).
-        if (this.queue.length === 0 && this.redo.length === 0 && !this.needReseal) break;
         // Let the publishers resolved meanwhile queue their next appends first.
         await new Promise<void>((r) => setImmediate(r));
       }

@@ -59,6 +59,25 @@ describe("ChannelLog", () => {
     await log.close();
   });
 
+  for (const sync of ["always", "none"] as const) {
+    test(`appends from separate callbacks of one turn share commits, as concurrent clients' requests do (sync: ${sync})`, async () => {
+      const dir = join(tmpDir(), "c");
+      const log = await ChannelLog.open("c", dir, opts({ sync }), { create: true });
+      // Warm: the segment's file handle is open, so nothing below waits on the thread pool.
+      await log.append(bodyOf(-1));
+      let commits = 0;
+      log.onCommit(() => commits++);
+      // Each append from its own callback, the way a server hands over one request at a time: the
+      // microtasks run between them, so only a turn of the event loop lets them meet in a commit.
+      const n = 256;
+      const done = await Promise.all(Array.from({ length: n }, (_, i) => new Promise<number>((resolve, reject) => setImmediate(() => log.append(bodyOf(i)).then(resolve, reject)))));
+      expect(done.sort((a, b) => a - b)).toEqual(Array.from({ length: n }, (_, i) => i + 2));
+      expect(commits).toBeGreaterThan(0);
+      expect(commits).toBeLessThan(n / 8);
+      await log.close();
+    });
+  }
+
   test("appendMany: consecutive seqs among single appends, across a segment roll; a bad body stores none of the lot", async () => {
     const dir = join(tmpDir(), "c");
     const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), { create: true });
