@@ -409,6 +409,9 @@ export class Messenger {
     }
     const inbox = newInbox();
     const reply = this.inboxes.wait(inbox, timeoutMs, channel);
+    // It may be ended (a close, a timeout) while the publish below is still awaited, before the
+    // caller holds it: handled here, it still rejects for the caller.
+    reply.catch(() => {});
     const { timeoutMs: _t, durable: _d, ...publish } = opts;
     try {
       await this.publish(channel, type, payload, { ...publish, meta: { ...opts.meta, replyTo: inbox, expires: opts.meta?.expires ?? Date.now() + timeoutMs } });
