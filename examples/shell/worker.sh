@@ -17,8 +17,10 @@ mkfifo "$dir/stream"
 # One message in hand at a time (max_inflight=1): the other workers take the rest meanwhile.
 # -N: each line as it comes; empty lines are keep-alives.
 # (curl itself, not the api function: $! must be curl's pid for the trap to end it.)
+# Its complaints wait in a file: when this worker stops it, curl may still get to say that its
+# output closed; they are shown only when the stream ended by itself.
 curl --silent --show-error --fail-with-body --unix-socket "$SOCK" -N \
-  "http://keyop/v1/channels/$CHANNEL/stream?subscriber=$NAME&from=earliest&queue=true&max_inflight=1" >"$dir/stream" &
+  "http://keyop/v1/channels/$CHANNEL/stream?subscriber=$NAME&from=earliest&queue=true&max_inflight=1" >"$dir/stream" 2>"$dir/stream.err" &
 curl_pid=$!
 trap 'kill $curl_pid 2>/dev/null || true; rm -rf "$dir"' EXIT
 trap 'exit 143' TERM INT
@@ -35,3 +37,6 @@ while IFS= read -r line; do
   n=$((n + 1))
   if [ "$MAX" -gt 0 ] && [ "$n" -ge "$MAX" ]; then exit 0; fi
 done <"$dir/stream"
+# The stream ended by itself (the agent stopped, or refused it): say why, with curl's status.
+cat "$dir/stream.err" >&2
+wait "$curl_pid"
