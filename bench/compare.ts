@@ -19,7 +19,7 @@ import { connect as natsConnect, StorageType, type NatsConnection } from "nats";
 import { rssOf, anonOf, startAgent, publishRate } from "./api.ts";
 import { paced, start, startTrio, stop, streamCount, until, type Proc } from "./fed-lib.ts";
 import { diskFloorUs, pace, printTable, quantile, writeResults, type Row } from "./lib.ts";
-import { portOpen, type Proc as Child } from "./procs.ts";
+import { portOpen, spawnReady, stopProc, type Proc as Child } from "./procs.ts";
 import { bin, cpuOf, ensureInstalled, freePort, Servers, type ConfServer, type Server } from "./servers.ts";
 import { RawHttp } from "./raw-http.ts";
 import { scaleOut } from "./scale-out.ts";
@@ -43,10 +43,10 @@ const root = mkdtempSync(join(process.env.KEYOP_BENCH_DIR ?? tmpdir(), "keyop-co
 const started = new Set<ReturnType<typeof Bun.spawn>>();
 const rows: Row[] = [];
 /** Ingest rates by what was measured, for the targets: typed, so a renamed label cannot drop one. */
-type IngestId = `keyop-http-${"always" | "none"}-${number}` | `keyop-mqtt-${number}` | `mosquitto-${number}` | `nats-${number}`;
+type IngestId = `keyop-http-${"always" | "none"}-${number}` | `keyop-mqtt-${number}` | `mqtt-floor-${number}` | `mosquitto-${number}` | `nats-${number}`;
 const ingest = new Map<IngestId, number>();
 /** Which system a figure belongs to (chart colour, and the key the targets read). */
-type Series = "keyop" | "keyop-none" | "keyop-mqtt" | "mosquitto" | "nats";
+type Series = "keyop" | "keyop-none" | "keyop-mqtt" | "floor" | "mosquitto" | "nats";
 /** Whose resources were measured. */
 type ResourcesOf = "keyop (sync=always)" | "keyop (sync=none)" | "mosquitto" | "nats-server";
 const charts: Record<string, Bar[]> = { ingest: [], latency: [], backlog: [], crash: [], resources: [], steady: [] };
@@ -113,7 +113,19 @@ function row(group: string, metric: string, value: number, unit: string, note?: 
 
 // ---------- 1 + 5. ingest and resources ----------
 
+/** HTTP publishes from 64 connections: alternating rounds of `sync: always` keyop and the bare sink. */
+const HTTP_ROUNDS = quick ? 1 : 3;
+
 async function ingestHttp(): Promise<void> {
+  // The floor of the `always` rows: a bare Bun.serve that answers each POST once a write + fdatasync
+  // of its batch is done (bench/http-floor.ts), measured in rounds alternating with keyop's.
+  const floorSocket = join(dir("http-floor"), "floor.sock");
+  const floor = await spawnReady(
+    [process.execPath, join(import.meta.dir, "http-floor.ts"), floorSocket, join(dir("http-floor"), "log")],
+    async () => (await fetch("http://floor/", { method: "POST", body: "x", unix: floorSocket } as RequestInit).catch(() => null))?.status === 201,
+    "http floor",
+    { group: started },
+  );
   for (const sync of ["always", "none"]) {
     const a = await startAgent(sync);
     await Bun.sleep(500);
@@ -123,14 +135,38 @@ async function ingestHttp(): Promise<void> {
       const c0 = cpuOf(a.proc.pid);
       let busy = 0;
       const sampler = setTimeout(() => (busy = rssOf(a.proc.pid)), (SECS * 1000) / 2);
-      const r = await publishRate(a.socket, n, SECS);
+      const rounds = sync === "always" ? HTTP_ROUNDS : 1;
+      const keyopRates: number[] = [];
+      const floorRates: number[] = [];
+      let errors = 0;
+      for (let round = 0; round < rounds; round++) {
+        const r = await publishRate(a.socket, n, SECS);
+        keyopRates.push(r.rate);
+        errors += r.errors;
+        if (sync === "always") floorRates.push((await publishRate(floorSocket, n, SECS)).rate);
+      }
       clearTimeout(sampler);
+      const r = { rate: quantile([...keyopRates], 0.5), errors };
       const label = `keyop sync=${sync}, ${n} in flight`;
-      row("1 ingest", label, r.rate, "msg/s", r.errors ? `${r.errors} errors` : "Unix socket, HTTP");
+      const roundsNote = rounds > 1 ? `; median of ${rounds} rounds alternating with the bare sink: ${keyopRates.map((x) => Math.round(x)).join(" / ")}` : "";
+      row("1 ingest", label, r.rate, "msg/s", `${r.errors ? `${r.errors} errors` : "Unix socket, HTTP"}${roundsNote}`);
+      if (sync === "always") {
+        const f = quantile([...floorRates], 0.5);
+        httpFloor[n] = f;
+        row(
+          "1 ingest",
+          `bare Bun HTTP sink (write + fdatasync per batch), ${n} in flight`,
+          f,
+          "msg/s",
+          `Unix socket, HTTP; rounds: ${floorRates.map((x) => Math.round(x)).join(" / ")}; keyop / the sink per round: ${keyopRates.map((x, i) => (x / floorRates[i]!).toFixed(2)).join(" / ")}`,
+        );
+      }
       ingest.set(`keyop-http-${sync as "always" | "none"}-${n}`, r.rate);
       charts.ingest!.push({ label, value: r.rate, series: "keyop" });
       if (n === 64) {
-        const cpu = ((cpuOf(a.proc.pid) - c0) / (r.rate * SECS)) * 100_000;
+        // (The agent idles while the sink's rounds run: its CPU counts against its own messages.)
+        const msgs = keyopRates.reduce((sum, x) => sum + x * SECS, 0);
+        const cpu = ((cpuOf(a.proc.pid) - c0) / msgs) * 100_000;
         resources(sync === "always" ? "keyop (sync=always)" : "keyop (sync=none)", idle, busy, cpu, `anonymous ${idleAnon.toFixed(1)} MB idle`);
       }
     }
@@ -151,10 +187,16 @@ async function ingestHttp(): Promise<void> {
     }
     await a.stop();
   }
+  await stopProc(floor, "SIGTERM", started);
 }
+
+/** The bare Bun HTTP sink's rate, per in-flight count (the `always` rows' floor). */
+const httpFloor: Record<number, number> = {};
 
 /** keyop MQTT rate over Mosquitto's, per in-flight count: the median of the per-round ratios. */
 const pairedMqtt: Record<number, number> = {};
+/** The same for the bare Bun sink (bench/ingest-floor.ts): what the runtime and disk allow. */
+const pairedFloor: Record<number, number> = {};
 
 async function ingestMqtt(): Promise<void> {
   // MQTT QoS 1 ingest (issue 10): keyop's listener (sync always) and Mosquitto, the same client
@@ -165,6 +207,12 @@ async function ingestMqtt(): Promise<void> {
   const kp = await start(dir("keyop-mqtt"), "mqtt-agent", `mqtt:\n  listen: 127.0.0.1:${port}\n`, "always");
   await until("keyop mqtt listening", portOpen(port), 20_000);
   const mq = await mosquitto("mq-ingest");
+  // The floor: a bare Bun sink that acknowledges each publish once a write + fdatasync of its batch
+  // is done (bench/ingest-floor.ts), so that both ratios sit beside what this runtime and disk allow.
+  const floorPort = freePort();
+  const floor = await spawnReady([process.execPath, join(import.meta.dir, "ingest-floor.ts"), String(floorPort), join(dir("mqtt-floor"), "log"), "inline"], portOpen(floorPort), "ingest floor", {
+    group: started,
+  });
   const sides = [
     {
       who: "keyop",
@@ -182,17 +230,25 @@ async function ingestMqtt(): Promise<void> {
       client: await mqtt.connectAsync(`mqtt://127.0.0.1:${mq.port}`, { clean: true, clientId: "bench-ingest" }),
       note: "TCP loopback, persistence on",
     },
+    {
+      who: "floor",
+      id: (n: number): IngestId => `mqtt-floor-${n}`,
+      label: (n: number) => `bare Bun QoS 1 sink (write + fdatasync per batch), ${n} in flight`,
+      pid: floor.pid,
+      client: await mqtt.connectAsync(`mqtt://127.0.0.1:${floorPort}`, { clean: true, clientId: "bench-floor" }),
+      note: "TCP loopback; every publish of a batch in one write, one fdatasync, then the PUBACKs",
+    },
   ];
   const idle = rssOf(mq.proc.pid!);
   // Both warmed up alike first (keyop's JIT, both servers' first allocations), untimed.
   for (const side of sides) await workers(64, 2, () => side.client.publishAsync("bench/in", PAYLOAD, { qos: 1 }));
   for (const n of [1, 64]) {
-    const rates: Record<string, number[]> = { keyop: [], mosquitto: [] };
-    const cpu: Record<string, number> = { keyop: 0, mosquitto: 0 };
+    const rates: Record<string, number[]> = { keyop: [], mosquitto: [], floor: [] };
+    const cpu: Record<string, number> = { keyop: 0, mosquitto: 0, floor: 0 };
     // The client's own CPU (this process): Mosquitto answers at once and is bound by CPU, its
     // own and the client's, while keyop waits for an fdatasync per batch; this shows which.
-    const clientCpu: Record<string, number> = { keyop: 0, mosquitto: 0 };
-    const msgs: Record<string, number> = { keyop: 0, mosquitto: 0 };
+    const clientCpu: Record<string, number> = { keyop: 0, mosquitto: 0, floor: 0 };
+    const msgs: Record<string, number> = { keyop: 0, mosquitto: 0, floor: 0 };
     // The disk's write + fdatasync latency before each round: keyop waits for it, Mosquitto does not.
     const floors: number[] = [];
     let busy = 0;
@@ -215,6 +271,16 @@ async function ingestMqtt(): Promise<void> {
     // two under the same machine conditions, and its median is the steadiest figure of the lot.
     const paired = rates.keyop!.map((x, r) => x / rates.mosquitto![r]!);
     pairedMqtt[n] = quantile([...paired], 0.5);
+    const floorPaired = rates.floor!.map((x, r) => x / rates.mosquitto![r]!);
+    pairedFloor[n] = quantile([...floorPaired], 0.5);
+    const keyopOfFloor = rates.keyop!.map((x, r) => x / rates.floor![r]!);
+    row(
+      "1 ingest",
+      `bare Bun sink / mosquitto, ${n} in flight, paired by round`,
+      pairedFloor[n]!,
+      "x",
+      `median of the per-round ratios (in round order): ${floorPaired.map((x) => x.toFixed(2)).join(" / ")}; keyop / the sink: ${keyopOfFloor.map((x) => x.toFixed(2)).join(" / ")}`,
+    );
     row(
       "1 ingest",
       `keyop MQTT / mosquitto, ${n} in flight, paired by round`,
@@ -249,6 +315,7 @@ async function ingestMqtt(): Promise<void> {
   for (const side of sides) await side.client.endAsync();
   await stop(kp);
   await kill(mq);
+  await stopProc(floor, "SIGTERM", started);
 }
 
 /** A connection to the nats-server on `port` with a JetStream file stream `name` on `subject`. */
@@ -651,12 +718,24 @@ function targets(): void {
   const m = get("mosquitto-64");
   const n = get("nats-64");
   const verdict = (ok: boolean) => (ok ? "met" : "MISSED");
-  row("targets", "keyop always / mosquitto QoS 1 ingest, 64 in flight", k / m, "x", `>= 1: ${verdict(k >= m)}`);
+  row(
+    "targets",
+    "keyop always / mosquitto QoS 1 ingest, 64 in flight",
+    k / m,
+    "x",
+    `>= 1: ${verdict(k >= m)}; the bare Bun HTTP sink with the same fdatasyncs: ${((httpFloor[64] ?? NaN) / m).toFixed(2)}x (not paired with mosquitto's rounds)`,
+  );
   row("targets", "keyop always / NATS JetStream ingest, 64 in flight", k / n, "x", `> 1: ${verdict(k > n)}`);
   const km = get("keyop-mqtt-64");
   row("targets", "keyop MQTT QoS 1 (fsyncing) / mosquitto QoS 1, 64 in flight", km / m, "x", `>= 1 (issue 10): ${verdict(km >= m)}; ratio of the medians`);
   const kmp = pairedMqtt[64] ?? NaN;
-  row("targets", "keyop MQTT QoS 1 (fsyncing) / mosquitto QoS 1, 64 in flight, paired by round", kmp, "x", `>= 1 (issue 10): ${verdict(kmp >= 1)}; median of the per-round ratios`);
+  row(
+    "targets",
+    "keyop MQTT QoS 1 (fsyncing) / mosquitto QoS 1, 64 in flight, paired by round",
+    kmp,
+    "x",
+    `>= 1 (issue 10): ${verdict(kmp >= 1)}; median of the per-round ratios; the bare Bun sink with the same fdatasyncs: ${(pairedFloor[64] ?? NaN).toFixed(2)}x`,
+  );
   for (const rate of [1000, 5000]) {
     const kp = latencies[`keyop@${rate}`]?.p99 ?? NaN;
     const others = Math.min(latencies[`mosquitto@${rate}`]?.p99 ?? Infinity, latencies[`nats@${rate}`]?.p99 ?? Infinity);
