@@ -18,7 +18,7 @@
  * faults and voluntary context switches per message, RSS, and the CPU of
  * each kind of thread.
  */
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { buildEnvelope } from "../src/envelope/build.ts";
@@ -32,6 +32,7 @@ import { messengerSink } from "../src/federation/sink.ts";
 import { Messenger } from "../src/messenger/messenger.ts";
 import { silentLogger } from "../src/observability/logger.ts";
 import { tuneAllocator } from "../src/cli/allocator.ts";
+import { faults, threadTimes } from "./self-stats.ts";
 
 // With the allocator as `keyop run` sets it (this re-executes the script once).
 tuneAllocator();
@@ -127,39 +128,6 @@ function nextFrame(): Uint8Array {
   seqA++;
   const env = buildEnvelope("a", { channel: "up.t", type: "t", payload }, 1 << 20);
   return batchFrame({ batch: seqA, channel: "up.t", seqs: [seqA], records: [env.body], delayAck: true });
-}
-
-/** Minor page faults (/proc/self/stat) and voluntary context switches of all threads so far. */
-function faults(): { minor: number; switches: number } {
-  const stat = readFileSync("/proc/self/stat", "utf8");
-  const minor = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[7]);
-  let switches = 0;
-  for (const t of readdirSync("/proc/self/task")) {
-    try {
-      const m = /voluntary_ctxt_switches:\s+(\d+)/.exec(readFileSync(`/proc/self/task/${t}/status`, "utf8"));
-      switches += Number(m?.[1] ?? 0);
-    } catch {
-      // a thread that ended meanwhile
-    }
-  }
-  return { minor, switches };
-}
-
-/** CPU ms of each thread kind so far (schedstat), by thread name. */
-function threadTimes(): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (const t of readdirSync("/proc/self/task")) {
-    try {
-      const comm = readFileSync(`/proc/self/task/${t}/comm`, "utf8")
-        .trim()
-        .replace(/[0-9]+$/, "");
-      const ns = Number(readFileSync(`/proc/self/task/${t}/schedstat`, "utf8").split(" ")[0]);
-      out[comm] = Math.round((out[comm] ?? 0) + ns / 1e6);
-    } catch {
-      // a thread that ended meanwhile
-    }
-  }
-  return out;
 }
 
 /** Sends `count` messages; each waits for the one before it to reach B (or, paced, for its slot). */

@@ -9,6 +9,7 @@
  */
 import { Packr } from "msgpackr";
 import { InvalidArgumentError } from "../errors.ts";
+import { EnvelopeWriter } from "./writer.ts";
 
 /** Envelope format version written into every record. */
 export const ENVELOPE_VERSION = 1;
@@ -112,9 +113,12 @@ function snake(f: EnvelopeFields & { v?: number }, seq?: number): Record<string,
   return out;
 }
 
+/** The envelope's fields written by hand; msgpackr for the rest and the envelopes too large for its buffer. */
+const writer = new EnvelopeWriter((value) => packr.pack(value));
+
 /** Encodes the stored body of an envelope (everything but `seq`). */
-export function encodeEnvelope(f: EnvelopeFields): Uint8Array {
-  return packr.pack(snake(f));
+export function encodeEnvelope(f: EnvelopeFields & { v?: number }): Uint8Array {
+  return writer.write(f, f.v ?? ENVELOPE_VERSION) ?? packr.pack(snake(f));
 }
 
 /**

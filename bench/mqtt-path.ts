@@ -1,0 +1,121 @@
+/**
+ * The MQTT listener's path of one QoS 1 publish inside one process, without
+ * sockets: PUBLISH bytes go into an `MqttSession` of a real agent's
+ * listener, the message is stored in a real log, and the PUBACK comes out
+ * of the session's outbound queue as the socket would take it.
+ *
+ * What keyop's own code costs per message on the one-broker path, apart
+ * from the kernel's TCP and the client: CPU (process.cpuUsage, all
+ * threads) per message, one message at a time (each waits for the PUBACK
+ * of the one before: a board's rate as the agent sees it) or paced at a
+ * fixed rate. For A/B of a change, with far less noise than the
+ * `steady: one broker` step.
+ *
+ *   bun bench/mqtt-path.ts [--n=20000] [--warm=60000] [--rate=1000] [--sync=none|always]
+ *
+ * One JSON line: CPU and wall time per message, minor page faults and
+ * voluntary context switches per message, RSS, CPU of each kind of thread.
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import mqtt, { type Packet } from "mqtt-packet";
+import { Agent } from "../src/agent/agent.ts";
+import { tuneAllocator } from "../src/cli/allocator.ts";
+import { parseConfig } from "../src/config/schema.ts";
+import { MqttSession } from "../src/mqtt/session.ts";
+import { OutQueue } from "../src/net/out-queue.ts";
+import { silentLogger } from "../src/observability/logger.ts";
+import { faults, threadTimes } from "./self-stats.ts";
+
+// With the allocator as `keyop run` sets it (this re-executes the script once).
+tuneAllocator();
+
+function arg(name: string, fallback: string): string {
+  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
+  return a ? a.slice(name.length + 3) : fallback;
+}
+
+const N = Number(arg("n", "20000"));
+const WARM = Number(arg("warm", "60000"));
+const RATE = Number(arg("rate", "0"));
+const SYNC = arg("sync", "none") as "none" | "always";
+
+const dir = mkdtempSync(join(tmpdir(), "keyop-mqtt-path-"));
+const cfg = parseConfig({
+  name: "agent",
+  storage: { data_dir: join(dir, "data"), sync: SYNC },
+  api: { socket: join(dir, "k.sock") },
+  mqtt: { listen: "127.0.0.1:0" },
+});
+const agent = await Agent.start(cfg, silentLogger);
+
+// The PUBACKs as the socket would take them, through the listener's outbound queue.
+let acked = 0;
+let wake: (() => void) | null = null;
+const out = new OutQueue((bytes) => {
+  for (let i = 0; i < bytes.length; i += 4) if (bytes[i] === 0x40) acked++;
+  const w = wake;
+  wake = null;
+  w?.();
+  return bytes.length;
+}, 1 << 20);
+const session = new MqttSession(agent.mqtt!, { write: (b) => out.push(b), writable: () => out.writable(), end() {} });
+session.data(mqtt.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 4, clean: true, clientId: "bench", keepalive: 0 } as Packet));
+await Bun.sleep(20);
+
+// The same 256-byte messages as the steady workload's publisher: a time stamp and padding.
+const PAD = "x".repeat(200);
+let pid = 0;
+function nextPublish(): Uint8Array {
+  pid = (pid % 65_535) + 1;
+  const payload = Buffer.from(JSON.stringify({ t: performance.timeOrigin + performance.now(), pad: PAD }));
+  return mqtt.generate({ cmd: "publish", topic: "bench/steady", payload, qos: 1, messageId: pid, retain: false, dup: false } as Packet);
+}
+
+/** Sends the packets; each waits for the PUBACK of the one before (or, paced, for its slot). */
+async function run(packets: Uint8Array[]): Promise<{ cpuUs: number; wallMs: number; minorFaults: number; switches: number }> {
+  const target = acked + packets.length;
+  const t0 = performance.now();
+  const f0 = faults();
+  const c0 = process.cpuUsage();
+  for (let i = 0; i < packets.length; i++) {
+    if (RATE > 0) {
+      const wait = t0 + (i * 1000) / RATE - performance.now();
+      if (wait > 0) await Bun.sleep(wait);
+      session.data(packets[i]!);
+    } else {
+      const before = acked;
+      session.data(packets[i]!);
+      while (acked === before) await new Promise<void>((r) => (wake = r));
+    }
+  }
+  while (acked < target) await new Promise<void>((r) => (wake = r));
+  const c = process.cpuUsage(c0);
+  const f1 = faults();
+  return { cpuUs: c.user + c.system, wallMs: performance.now() - t0, minorFaults: f1.minor - f0.minor, switches: f1.switches - f0.switches };
+}
+
+const warm = Array.from({ length: WARM }, nextPublish);
+const packets = Array.from({ length: N }, nextPublish);
+await run(warm);
+Bun.gc(true);
+const r = await run(packets);
+console.log(
+  JSON.stringify({
+    workload: RATE > 0 ? `mqtt path @${RATE}/s` : "mqtt path, one at a time",
+    sync: SYNC,
+    messages: N,
+    cpuUsPerMsg: Math.round((r.cpuUs / N) * 10) / 10,
+    wallUsPerMsg: Math.round((r.wallMs * 1000) / N),
+    minorFaultsPerMsg: Math.round((r.minorFaults / N) * 100) / 100,
+    wakeupsPerMsg: Math.round((r.switches / N) * 100) / 100,
+    rssMB: Math.round(process.memoryUsage().rss / 1e5) / 10,
+    threadsMs: threadTimes(),
+    bound: "process CPU (one thread of JS, the log writes)",
+  }),
+);
+session.socketClosed();
+await agent.stop();
+rmSync(dir, { recursive: true, force: true });
+process.exit(0);

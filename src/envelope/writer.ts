@@ -1,0 +1,327 @@
+/**
+ * An envelope's msgpack written by hand: byte for byte what msgpackr writes
+ * for the same snake_case map (the tests compare the two on random
+ * envelopes), without building that map first and without msgpackr's
+ * shared 8 KiB slabs, one of which was allocated every twenty or so
+ * messages and kept alive by any body cut from it. The body comes out as
+ * a Uint8Array of its own, of exact size.
+ *
+ * Only the shapes an envelope has are written here: strings, numbers,
+ * booleans, bytes, the route and the headers. A payload of another type
+ * (an object from JSON) is handed to `packValue` and its bytes copied in.
+ */
+
+/** The bytes of one msgpack value (the caller's msgpack encoder, for payloads that are neither text nor bytes). */
+export type PackValue = (value: unknown) => Uint8Array;
+
+/** The fields of a stored body, in their order in the map (docs/storage.md). */
+export interface EnvelopeBodyFields {
+  v?: number | undefined;
+  id: string;
+  ts: number;
+  channel: string;
+  origin: string;
+  type: string;
+  correlationId?: string | undefined;
+  serviceName?: string | undefined;
+  expires?: number | undefined;
+  contentType?: string | undefined;
+  replyTo?: string | undefined;
+  correlationData?: Uint8Array | undefined;
+  headers?: [string, string][] | undefined;
+  utf8?: boolean | undefined;
+  retain?: boolean | undefined;
+  publisher?: string | undefined;
+  qos?: number | undefined;
+  route: string[];
+  payload: unknown;
+}
+
+const utf8 = new TextEncoder();
+const key = (k: string): Uint8Array => {
+  const b = utf8.encode(k);
+  return Uint8Array.of(0xa0 | b.length, ...b);
+};
+const K = {
+  v: key("v"),
+  id: key("id"),
+  ts: key("ts"),
+  channel: key("channel"),
+  origin: key("origin"),
+  type: key("type"),
+  correlationId: key("correlation_id"),
+  serviceName: key("service_name"),
+  expires: key("expires"),
+  contentType: key("content_type"),
+  replyTo: key("reply_to"),
+  correlationData: key("correlation_data"),
+  headers: key("headers"),
+  utf8: key("utf8"),
+  retain: key("retain"),
+  publisher: key("publisher"),
+  qos: key("qos"),
+  route: key("route"),
+  payload: key("payload"),
+};
+
+/** UTF-16 length of a string field (0 for anything else, which the writer then refuses). */
+const slen = (s: unknown): number => (typeof s === "string" ? s.length : 0);
+
+/** Envelopes up to this size are written in the scratch buffer; larger ones are left to msgpackr. */
+const SCRATCH_BYTES = 64 * 1024;
+
+/** Writes envelope bodies into one scratch buffer and hands out exact copies. */
+export class EnvelopeWriter {
+  private readonly buf = new Uint8Array(SCRATCH_BYTES);
+  /** The same bytes, for Buffer's native UTF-8 write of longer strings. */
+  private readonly nodeBuf = Buffer.from(this.buf.buffer, 0, SCRATCH_BYTES);
+  private readonly view = new DataView(this.buf.buffer);
+  private pos = 0;
+
+  constructor(private readonly packValue: PackValue) {}
+
+  /**
+   * The body of `f`, or null when it does not fit the scratch buffer or a
+   * field is not of its type (the caller then encodes it the general way,
+   * which gives the same bytes or the same error).
+   */
+  write(f: EnvelopeBodyFields, v: number): Uint8Array | null {
+    const p = f.payload;
+    let packed: Uint8Array | null = null;
+    let need = 64 + 3 * (slen(f.id) + slen(f.channel) + slen(f.origin) + slen(f.type));
+    if (typeof p === "string") need += 3 * p.length;
+    else if (p instanceof Uint8Array) need += p.length;
+    else if (p !== undefined && p !== null) {
+      packed = this.packValue(p);
+      need += packed.length;
+    }
+    need += 3 * (slen(f.correlationId) + slen(f.serviceName));
+    if (!Array.isArray(f.route)) return null;
+    for (const r of f.route) need += 5 + 3 * slen(r);
+    if (need > SCRATCH_BYTES / 2) return null;
+    let entries = 8;
+    if (f.correlationId !== undefined) entries++;
+    if (f.serviceName !== undefined) entries++;
+    if (f.expires !== undefined) entries++;
+    if (f.contentType !== undefined) entries++;
+    if (f.replyTo !== undefined) entries++;
+    if (f.correlationData !== undefined) entries++;
+    if (f.headers !== undefined) entries++;
+    if (f.utf8 !== undefined) entries++;
+    if (f.retain !== undefined) entries++;
+    if (f.publisher !== undefined) entries++;
+    if (f.qos !== undefined) entries++;
+    // A map16 header whatever the count, as msgpackr writes every plain object.
+    this.buf[0] = 0xde;
+    this.buf[1] = 0;
+    this.buf[2] = entries;
+    this.pos = 3;
+    this.raw(K.v);
+    this.num(v);
+    this.raw(K.id);
+    if (!this.str(f.id)) return null;
+    this.raw(K.ts);
+    if (!this.num(f.ts)) return null;
+    this.raw(K.channel);
+    if (!this.str(f.channel)) return null;
+    this.raw(K.origin);
+    if (!this.str(f.origin)) return null;
+    this.raw(K.type);
+    if (!this.str(f.type)) return null;
+    if (f.correlationId !== undefined && !(this.raw(K.correlationId) && this.str(f.correlationId))) return null;
+    if (f.serviceName !== undefined && !(this.raw(K.serviceName) && this.str(f.serviceName))) return null;
+    if (f.expires !== undefined && !(this.raw(K.expires) && this.num(f.expires))) return null;
+    if (f.contentType !== undefined && !(this.raw(K.contentType) && this.small(f.contentType))) return null;
+    if (f.replyTo !== undefined && !(this.raw(K.replyTo) && this.small(f.replyTo))) return null;
+    if (f.correlationData !== undefined && !(this.raw(K.correlationData) && this.small(f.correlationData))) return null;
+    if (f.headers !== undefined && !(this.raw(K.headers) && this.headers(f.headers))) return null;
+    if (f.utf8 !== undefined && !(this.raw(K.utf8) && this.bool(f.utf8))) return null;
+    if (f.retain !== undefined && !(this.raw(K.retain) && this.bool(f.retain))) return null;
+    if (f.publisher !== undefined && !(this.raw(K.publisher) && this.small(f.publisher))) return null;
+    if (f.qos !== undefined && !(this.raw(K.qos) && this.num(f.qos))) return null;
+    this.raw(K.route);
+    if (!this.strings(f.route)) return null;
+    this.raw(K.payload);
+    if (typeof p === "string") this.str(p);
+    else if (p instanceof Uint8Array) this.bin(p);
+    else if (packed) this.raw(packed);
+    else this.buf[this.pos++] = 0xc0;
+    return this.buf.slice(0, this.pos);
+  }
+
+  private raw(b: Uint8Array): true {
+    this.buf.set(b, this.pos);
+    this.pos += b.length;
+    return true;
+  }
+
+  /** A metadata value of unbounded size: written only while the scratch buffer has room for it. */
+  private small(v: unknown): boolean {
+    const room = SCRATCH_BYTES - this.pos - 16;
+    if (typeof v === "string") return 3 * v.length <= room && this.str(v);
+    if (v instanceof Uint8Array) return v.length <= room && this.bin(v);
+    return false;
+  }
+
+  private bool(v: unknown): boolean {
+    if (typeof v !== "boolean") return false;
+    this.buf[this.pos++] = v ? 0xc3 : 0xc2;
+    return true;
+  }
+
+  /** A number as msgpackr writes it: the smallest integer form up to 32 bits, else a float64. */
+  private num(v: unknown): boolean {
+    if (typeof v !== "number") return false;
+    const b = this.buf;
+    if (v >>> 0 === v) {
+      if (v < 0x80) b[this.pos++] = v;
+      else if (v < 0x100) {
+        b[this.pos++] = 0xcc;
+        b[this.pos++] = v;
+      } else if (v < 0x10000) {
+        b[this.pos++] = 0xcd;
+        b[this.pos++] = v >> 8;
+        b[this.pos++] = v & 0xff;
+      } else {
+        b[this.pos++] = 0xce;
+        this.view.setUint32(this.pos, v);
+        this.pos += 4;
+      }
+    } else if (v >> 0 === v) {
+      if (v >= -0x20) b[this.pos++] = 0x100 + v;
+      else if (v >= -0x80) {
+        b[this.pos++] = 0xd0;
+        b[this.pos++] = v + 0x100;
+      } else if (v >= -0x8000) {
+        b[this.pos++] = 0xd1;
+        this.view.setInt16(this.pos, v);
+        this.pos += 2;
+      } else {
+        b[this.pos++] = 0xd2;
+        this.view.setInt32(this.pos, v);
+        this.pos += 4;
+      }
+    } else {
+      b[this.pos++] = 0xcb;
+      this.view.setFloat64(this.pos, v);
+      this.pos += 8;
+    }
+    return true;
+  }
+
+  /** A string with the smallest header for its UTF-8 length (lone surrogates as U+FFFD, as TextEncoder). */
+  private str(s: unknown): boolean {
+    if (typeof s !== "string") return false;
+    const n = s.length;
+    const b = this.buf;
+    if (n < 0x40) {
+      // At most 189 bytes: a fixstr or str8 header; written after two bytes, moved back one for a fixstr.
+      let at = this.pos + 2;
+      for (let i = 0; i < n; i++) {
+        let c = s.charCodeAt(i);
+        if (c < 0x80) b[at++] = c;
+        else if (c < 0x800) {
+          b[at++] = (c >> 6) | 0xc0;
+          b[at++] = (c & 0x3f) | 0x80;
+        } else if ((c & 0xfc00) === 0xd800 && (s.charCodeAt(i + 1) & 0xfc00) === 0xdc00) {
+          c = 0x10000 + ((c & 0x03ff) << 10) + (s.charCodeAt(++i) & 0x03ff);
+          b[at++] = (c >> 18) | 0xf0;
+          b[at++] = ((c >> 12) & 0x3f) | 0x80;
+          b[at++] = ((c >> 6) & 0x3f) | 0x80;
+          b[at++] = (c & 0x3f) | 0x80;
+        } else if ((c & 0xf800) === 0xd800) {
+          b[at++] = 0xef;
+          b[at++] = 0xbf;
+          b[at++] = 0xbd;
+        } else {
+          b[at++] = (c >> 12) | 0xe0;
+          b[at++] = ((c >> 6) & 0x3f) | 0x80;
+          b[at++] = (c & 0x3f) | 0x80;
+        }
+      }
+      const len = at - this.pos - 2;
+      if (len < 0x20) {
+        b[this.pos] = 0xa0 | len;
+        b.copyWithin(this.pos + 1, this.pos + 2, at);
+        this.pos = at - 1;
+      } else {
+        b[this.pos] = 0xd9;
+        b[this.pos + 1] = len;
+        this.pos = at;
+      }
+      return true;
+    }
+    // Longer: Buffer's native UTF-8 write after a str32 header's room, moved back to the header it needs.
+    const len = this.nodeBuf.write(s, this.pos + 5, "utf8");
+    const from = this.pos + 5;
+    if (len < 0x100) {
+      b[this.pos] = 0xd9;
+      b[this.pos + 1] = len;
+      b.copyWithin(this.pos + 2, from, from + len);
+      this.pos += 2 + len;
+    } else if (len < 0x10000) {
+      b[this.pos] = 0xda;
+      b[this.pos + 1] = len >> 8;
+      b[this.pos + 2] = len & 0xff;
+      b.copyWithin(this.pos + 3, from, from + len);
+      this.pos += 3 + len;
+    } else {
+      b[this.pos] = 0xdb;
+      this.view.setUint32(this.pos + 1, len);
+      this.pos += 5 + len;
+    }
+    return true;
+  }
+
+  private bin(v: Uint8Array): true {
+    const n = v.length;
+    const b = this.buf;
+    if (n < 0x100) {
+      b[this.pos++] = 0xc4;
+      b[this.pos++] = n;
+    } else if (n < 0x10000) {
+      b[this.pos++] = 0xc5;
+      b[this.pos++] = n >> 8;
+      b[this.pos++] = n & 0xff;
+    } else {
+      b[this.pos++] = 0xc6;
+      this.view.setUint32(this.pos, n);
+      this.pos += 4;
+    }
+    b.set(v, this.pos);
+    this.pos += n;
+    return true;
+  }
+
+  private arrayHeader(n: number): void {
+    const b = this.buf;
+    if (n < 0x10) b[this.pos++] = 0x90 | n;
+    else if (n < 0x10000) {
+      b[this.pos++] = 0xdc;
+      b[this.pos++] = n >> 8;
+      b[this.pos++] = n & 0xff;
+    } else {
+      b[this.pos++] = 0xdd;
+      this.view.setUint32(this.pos, n);
+      this.pos += 4;
+    }
+  }
+
+  private strings(list: unknown): boolean {
+    if (!Array.isArray(list)) return false;
+    this.arrayHeader(list.length);
+    for (const s of list) if (!this.str(s)) return false;
+    return true;
+  }
+
+  private headers(list: unknown): boolean {
+    if (!Array.isArray(list)) return false;
+    this.arrayHeader(list.length);
+    for (const h of list) {
+      if (!Array.isArray(h)) return false;
+      this.arrayHeader(h.length);
+      for (const s of h) if (typeof s !== "string" || !this.small(s)) return false;
+    }
+    return true;
+  }
+}

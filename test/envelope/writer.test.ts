@@ -1,0 +1,170 @@
+import { describe, expect, test } from "bun:test";
+import { Packr } from "msgpackr";
+import { decodeEnvelope, encodeEnvelope } from "../../src/envelope/envelope.ts";
+import { type EnvelopeBodyFields, EnvelopeWriter } from "../../src/envelope/writer.ts";
+
+// The encoder the log used before the writer, with the same options: the writer must give its bytes.
+const packr = new Packr({ useRecords: false, moreTypes: false, int64AsType: "number", encodeUndefinedAsNil: true });
+const writer = new EnvelopeWriter((v) => packr.pack(v));
+
+/** The snake_case map of docs/storage.md, in its order: what msgpackr was given. */
+function reference(f: EnvelopeBodyFields, v: number): Uint8Array {
+  const m: Record<string, unknown> = { v, id: f.id, ts: f.ts, channel: f.channel, origin: f.origin, type: f.type };
+  const opt: [keyof EnvelopeBodyFields, string][] = [
+    ["correlationId", "correlation_id"],
+    ["serviceName", "service_name"],
+    ["expires", "expires"],
+    ["contentType", "content_type"],
+    ["replyTo", "reply_to"],
+    ["correlationData", "correlation_data"],
+    ["headers", "headers"],
+    ["utf8", "utf8"],
+    ["retain", "retain"],
+    ["publisher", "publisher"],
+    ["qos", "qos"],
+  ];
+  for (const [k, s] of opt) if (f[k] !== undefined) m[s] = f[k];
+  m.route = f.route;
+  m.payload = f.payload === undefined ? null : f.payload;
+  return packr.pack(m);
+}
+
+/** A small seeded generator (mulberry32), so that a failure can be run again. */
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function gen(r: () => number) {
+  const pick = <T>(xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!;
+  // Lengths around every header boundary; characters of 1 to 4 UTF-8 bytes and lone surrogates.
+  const lengths = [0, 1, 5, 30, 31, 32, 33, 62, 63, 64, 65, 84, 85, 86, 100, 254, 255, 256, 257, 1000, 21_845, 21_846, 30_000];
+  const chars = ["a", "Z", "0", ".", "é", "ß", "€", "中", "\u{1F600}", "\uD800", "\uDC00", "\u007f", "\u0080", "\u07ff", "\u0800", "\uffff"];
+  const str = (max = 300): string => {
+    const n = Math.min(pick(lengths), max);
+    const ascii = r() < 0.5;
+    let s = "";
+    while (s.length < n) s += ascii ? "x" : pick(chars);
+    return s.slice(0, n);
+  };
+  const num = (): number =>
+    pick([
+      0,
+      -0,
+      1,
+      31,
+      127,
+      128,
+      255,
+      256,
+      65_535,
+      65_536,
+      2 ** 32 - 1,
+      2 ** 32,
+      -1,
+      -32,
+      -33,
+      -128,
+      -129,
+      -32_768,
+      -32_769,
+      -(2 ** 31),
+      -(2 ** 31) - 1,
+      1.5,
+      -2.25,
+      Date.now(),
+      2 ** 53 - 1,
+      Number.NaN,
+      Number.POSITIVE_INFINITY,
+      Math.floor(r() * 2 ** 40),
+      -Math.floor(r() * 2 ** 20),
+      r() * 1000,
+    ]);
+  const bytes = (): Uint8Array => {
+    const n = pick([0, 1, 200, 255, 256, 70_000 * (r() < 0.1 ? 1 : 0)]);
+    const b = r() < 0.5 ? new Uint8Array(n) : Buffer.alloc(n);
+    for (let i = 0; i < n; i++) b[i] = Math.floor(r() * 256);
+    return b;
+  };
+  const payload = (): unknown =>
+    pick([
+      () => str(30_000),
+      () => bytes(),
+      () => null,
+      () => undefined,
+      () => ({ c: num(), s: str(100), list: [1, "two", null, true], nested: { b: bytes() } }),
+      () => [str(40), num()],
+      () => num(),
+      () => r() < 0.5,
+      () => new Uint16Array([1, 2, 3]),
+    ])();
+  const maybe = <T>(f: () => T): T | undefined => (r() < 0.3 ? f() : undefined);
+  const f: EnvelopeBodyFields = {
+    id: str(64),
+    ts: num(),
+    channel: str(300),
+    origin: str(100),
+    type: str(300),
+    correlationId: maybe(() => str(300)),
+    serviceName: maybe(() => str(300)),
+    expires: maybe(num),
+    contentType: maybe(() => str(1000)),
+    replyTo: maybe(() => str(300)),
+    correlationData: maybe(bytes),
+    headers: maybe(() => Array.from({ length: pick([0, 1, 3, 15, 16, 17]) }, () => [str(100), str(300)] as [string, string])),
+    utf8: maybe(() => true),
+    retain: maybe(() => r() < 0.5),
+    publisher: maybe(() => str(100)),
+    qos: maybe(() => pick([0, 1, 2])),
+    route: Array.from({ length: pick([0, 1, 2, 15, 16, 17]) }, () => str(64)),
+    payload: payload(),
+  };
+  return f;
+}
+
+describe("envelope writer", () => {
+  test("writes msgpackr's bytes for 5,000 random envelopes (strings, numbers, bytes and payloads at every header boundary)", () => {
+    const r = rng(19);
+    let written = 0;
+    for (let i = 0; i < 5000; i++) {
+      const f = gen(r);
+      const v = i % 3 === 0 ? 1 : i % 3 === 1 ? 300 : 70_000;
+      const mine = writer.write(f, v);
+      const want = reference(f, v);
+      if (mine === null) continue; // too large for the scratch buffer: msgpackr writes it
+      written++;
+      if (Buffer.compare(Buffer.from(mine), Buffer.from(want)) !== 0) throw new Error(`envelope ${i} differs: ${JSON.stringify(f).slice(0, 300)}`);
+    }
+    // Most of them go the fast way; the ones left to msgpackr are the large ones.
+    expect(written).toBeGreaterThan(4000);
+  });
+
+  test("a body is a copy of its own: the next write does not change it", () => {
+    const f = gen(rng(7));
+    f.payload = "first";
+    const a = writer.write(f, 1)!;
+    const before = Buffer.from(a).toString("hex");
+    f.payload = "second, and longer";
+    writer.write(f, 1);
+    expect(Buffer.from(a).toString("hex")).toBe(before);
+    expect(a.byteLength).toBe(a.buffer.byteLength);
+  });
+
+  test("refuses what it does not write, and encodeEnvelope falls back to msgpackr with the same bytes", () => {
+    const base = { id: "i", ts: 1, channel: "c", origin: "o", type: "t", route: ["o"], payload: "p" };
+    // Not strings where strings go; a payload past the scratch buffer's half.
+    expect(writer.write({ ...base, id: 5 as unknown as string }, 1)).toBeNull();
+    expect(writer.write({ ...base, route: [7 as unknown as string] }, 1)).toBeNull();
+    expect(writer.write({ ...base, headers: [["a", 1 as unknown as string]] }, 1)).toBeNull();
+    expect(writer.write({ ...base, payload: "x".repeat(20_000) }, 1)).toBeNull();
+    const big = { ...base, payload: "x".repeat(20_000) };
+    expect(Buffer.from(encodeEnvelope(big)).equals(Buffer.from(reference(big, 1)))).toBe(true);
+    expect(decodeEnvelope(encodeEnvelope(big), 1).payload).toBe(big.payload);
+  });
+});
