@@ -98,6 +98,9 @@ const MAX_WAITING_PACKETS = 1024;
 /** Client ids kept as they are in their session's name (what keyop accepted before any UTF-8 id). */
 const PLAIN_CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
 
+/** Topics whose channels a session remembers; past this it starts over (a client that never repeats a topic). */
+const CHANNELS_KEPT = 64;
+
 /** Topic aliases a client may set (MQTT 5 CONNACK Topic Alias Maximum). */
 const TOPIC_ALIAS_MAX = 64;
 
@@ -607,7 +610,7 @@ export class MqttSession implements SharedMember {
     let channel: string;
     let meta: MessageMeta;
     try {
-      channel = topicToChannel(topic);
+      channel = this.channelOf(topic);
       meta = this.storedMeta(props, qos, p.retain === true, Date.now());
     } catch (err) {
       // v5 can say why in the ack; 3.1.1 has no way but to close.
@@ -648,6 +651,20 @@ export class MqttSession implements SharedMember {
       () => this.settle(ack, undefined),
       (err: unknown) => this.settle(ack, err),
     );
+  }
+
+  /** Channels of the topics this client published to lately (a client publishes to a few, again and again). */
+  private readonly channels = new Map<string, string>();
+
+  /** `topicToChannel`, remembered for up to CHANNELS_KEPT topics (a topic that has none is not kept). */
+  private channelOf(topic: string): string {
+    let c = this.channels.get(topic);
+    if (c === undefined) {
+      c = topicToChannel(topic);
+      if (this.channels.size >= CHANNELS_KEPT) this.channels.clear();
+      this.channels.set(topic, c);
+    }
+    return c;
   }
 
   /** QoS 1 publishes not yet acknowledged and QoS 2 ones not yet released. */

@@ -82,6 +82,8 @@ export function filterToPatterns(filter: string): string[] {
 
 /** The MQTT topic name of a channel. */
 export function channelToTopic(channel: string): string {
+  // Only a token starting with `--` is escaped; most channels have none (a cost per delivery).
+  if (!channel.startsWith(ESCAPE) && !channel.includes(`.${ESCAPE}`)) return channel.replaceAll(".", "/");
   return channel.split(".").map(tokenLevel).join("/");
 }
 
@@ -91,8 +93,10 @@ export function channelToTopic(channel: string): string {
  * (MQTT-4.7.2-1), though the pattern it maps to matches its channel.
  */
 export function hiddenFromWildcard(pattern: string, channel: string): boolean {
-  const first = pattern.split(".", 1)[0];
-  if (first !== "*" && first !== ">") return false;
-  const token = channel.split(".", 1)[0]!;
-  return token.startsWith(`${ESCAPE}24`) && tokenLevel(token).startsWith("$");
+  const c = pattern.charCodeAt(0);
+  // A first token of "*" or ">" (0x2a, 0x3e), then the end or a ".".
+  if ((c !== 0x2a && c !== 0x3e) || (pattern.length > 1 && pattern.charCodeAt(1) !== 0x2e)) return false;
+  if (!channel.startsWith(`${ESCAPE}24`)) return false;
+  const dot = channel.indexOf(".");
+  return tokenLevel(dot < 0 ? channel : channel.slice(0, dot)).startsWith("$");
 }

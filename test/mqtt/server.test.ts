@@ -68,6 +68,19 @@ describe("MQTT listener, raw packets", () => {
     c.end();
   });
 
+  test("one client publishing to more topics than its session remembers: each message on its topic's channel, a bad topic still refused", async () => {
+    const c = await raw();
+    // 100 topics (past the 64 a session keeps), each twice, apart: every one is looked up again after it was dropped.
+    const topics = Array.from({ length: 100 }, (_, i) => `raw/many/t${i}`);
+    const pubs = [...topics, ...topics].map((topic, i): Packet => ({ cmd: "publish", topic, payload: Buffer.from(`m${i}`), qos: 1, messageId: i + 1, retain: false, dup: false }) as Packet);
+    c.send(connect("many-topics"), ...pubs);
+    await waitFor(() => c.packets.filter((p) => p.cmd === "puback").length === 200, "200 PUBACKs");
+    for (const i of [0, 63, 64, 65, 99]) expect(await stored(`raw.many.t${i}`)).toEqual([`m${i}`, `m${i + 100}`]);
+    c.send({ cmd: "publish", topic: "raw/+/bad", payload: Buffer.from("x"), qos: 1, messageId: 201, retain: false, dup: false } as Packet);
+    await waitFor(() => c.closed(), "closed for a wildcard in a topic name");
+    c.end();
+  });
+
   test("CONNECT with a will, then DISCONNECT and the close in one read: the will is dropped", async () => {
     const c = await raw();
     c.send(connect("leaver", { will: { topic: "raw/will", payload: Buffer.from("gone"), qos: 1, retain: false } }), { cmd: "disconnect" } as Packet);

@@ -53,6 +53,11 @@ describe("MQTT topics and keyop channels", () => {
     expect(hiddenFromWildcard(filterToPattern("+/bar"), dollar)).toBe(true);
     expect(hiddenFromWildcard(filterToPattern("$foo/#"), dollar)).toBe(false);
     expect(hiddenFromWildcard(filterToPattern("#"), topicToChannel("foo/bar"))).toBe(false);
+    // One level only, and a pattern whose first token only starts like a wildcard's.
+    expect(hiddenFromWildcard(filterToPattern("#"), topicToChannel("$"))).toBe(true);
+    expect(hiddenFromWildcard(filterToPattern("+"), topicToChannel("$x"))).toBe(true);
+    expect(hiddenFromWildcard("*x.bar", dollar)).toBe(false);
+    expect(hiddenFromWildcard(filterToPattern("#"), topicToChannel("--24/x"))).toBe(false);
   });
 
   test("a filter ending in /# also subscribes to its parent level, as MQTT's # matches it", () => {
