@@ -32,7 +32,7 @@ import { messengerSink } from "../src/federation/sink.ts";
 import { Messenger } from "../src/messenger/messenger.ts";
 import { silentLogger } from "../src/observability/logger.ts";
 import { tuneAllocator } from "../src/cli/allocator.ts";
-import { faults, threadTimes } from "./self-stats.ts";
+import { Arrivals, drive, report } from "./self-stats.ts";
 
 // With the allocator as `keyop run` sets it (this re-executes the script once).
 tuneAllocator();
@@ -80,18 +80,18 @@ const fromA = new PeerSession(
 receiver = new Receiver({ sink: messengerSink(messenger), self: "hub", dedup: new RecentIds(100_000), logger: silentLogger, allow: () => true });
 
 // Device B's session at the hub: its transport decodes the hub's BATCHes and answers as B does (held ACKs).
-let delivered = 0;
-let wake: (() => void) | null = null;
+const delivered = new Arrivals();
 let forwarder = null as Forwarder | null;
 const toBDecoder = new FrameDecoder(1 << 24);
 const heldAcks: Uint8Array[] = [];
 let ackPending = false;
 const toB: PeerSession = new PeerSession(
   transport((bytes) => {
+    let n = 0;
     for (const f of toBDecoder.push(bytes)) {
       if (f.type !== FrameType.BATCH) continue;
       const b = parseBatch(f);
-      delivered += b.records.length;
+      n += b.records.length;
       heldAcks.push(ackFrame({ batch: b.batch, channel: b.channel, upto: b.seqs[b.seqs.length - 1]! }));
       if (!ackPending) {
         ackPending = true;
@@ -101,9 +101,7 @@ const toB: PeerSession = new PeerSession(
         }, B_ACK_HOLD_MS);
       }
     }
-    const w = wake;
-    wake = null;
-    w?.();
+    delivered.add(n);
   }),
   identity("b"),
   { ...sessionOpts, role: "hub" },
@@ -130,52 +128,13 @@ function nextFrame(): Uint8Array {
   return batchFrame({ batch: seqA, channel: "up.t", seqs: [seqA], records: [env.body], delayAck: true });
 }
 
-/** Sends `count` messages; each waits for the one before it to reach B (or, paced, for its slot). */
-async function run(frames: Uint8Array[]): Promise<{ cpuUs: number; wallMs: number; minorFaults: number; switches: number }> {
-  const count = frames.length;
-  const target = delivered + count;
-  const t0 = performance.now();
-  const f0 = faults();
-  const c0 = process.cpuUsage();
-  for (let i = 0; i < count; i++) {
-    if (RATE > 0) {
-      const due = t0 + (i * 1000) / RATE;
-      const wait = due - performance.now();
-      if (wait > 0) await Bun.sleep(wait);
-      fromA.receive(frames[i]!);
-    } else {
-      const before = delivered;
-      fromA.receive(frames[i]!);
-      if (delivered === before) await new Promise<void>((r) => (wake = r));
-    }
-  }
-  while (delivered < target) await new Promise<void>((r) => (wake = r));
-  const c = process.cpuUsage(c0);
-  const f1 = faults();
-  return { cpuUs: c.user + c.system, wallMs: performance.now() - t0, minorFaults: f1.minor - f0.minor, switches: f1.switches - f0.switches };
-}
-
 // Built before anything is measured (and before the profile that a run may take).
 const warmFrames = Array.from({ length: WARM }, nextFrame);
 const frames = Array.from({ length: N }, nextFrame);
-await run(warmFrames);
+const feed = (f: Uint8Array) => fromA.receive(f);
+await drive(warmFrames, feed, delivered, RATE);
 Bun.gc(true);
-const r = await run(frames);
-const perMsg = r.cpuUs / N;
-console.log(
-  JSON.stringify({
-    workload: RATE > 0 ? `hub path @${RATE}/s` : "hub path, one at a time",
-    sync: SYNC,
-    messages: N,
-    cpuUsPerMsg: Math.round(perMsg * 10) / 10,
-    wallUsPerMsg: Math.round((r.wallMs * 1000) / N),
-    minorFaultsPerMsg: Math.round((r.minorFaults / N) * 100) / 100,
-    wakeupsPerMsg: Math.round((r.switches / N) * 100) / 100,
-    rssMB: Math.round(process.memoryUsage().rss / 1e5) / 10,
-    threadsMs: threadTimes(),
-    bound: "process CPU (one thread of JS, the log writes)",
-  }),
-);
+console.log(report(RATE > 0 ? `hub path @${RATE}/s` : "hub path, one at a time", SYNC, N, await drive(frames, feed, delivered, RATE)));
 forwarder?.stop();
 await messenger.close();
 rmSync(dir, { recursive: true, force: true });

@@ -26,7 +26,7 @@ import { parseConfig } from "../src/config/schema.ts";
 import { MqttSession } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
 import { silentLogger } from "../src/observability/logger.ts";
-import { faults, threadTimes } from "./self-stats.ts";
+import { Arrivals, drive, report } from "./self-stats.ts";
 
 // With the allocator as `keyop run` sets it (this re-executes the script once).
 tuneAllocator();
@@ -51,13 +51,11 @@ const cfg = parseConfig({
 const agent = await Agent.start(cfg, silentLogger);
 
 // The PUBACKs as the socket would take them, through the listener's outbound queue.
-let acked = 0;
-let wake: (() => void) | null = null;
+const acked = new Arrivals();
 const out = new OutQueue((bytes) => {
-  for (let i = 0; i < bytes.length; i += 4) if (bytes[i] === 0x40) acked++;
-  const w = wake;
-  wake = null;
-  w?.();
+  let n = 0;
+  for (let i = 0; i < bytes.length; i += 4) if (bytes[i] === 0x40) n++;
+  acked.add(n);
   return bytes.length;
 }, 1 << 20);
 const session = new MqttSession(agent.mqtt!, { write: (b) => out.push(b), writable: () => out.writable(), end() {} });
@@ -73,48 +71,12 @@ function nextPublish(): Uint8Array {
   return mqtt.generate({ cmd: "publish", topic: "bench/steady", payload, qos: 1, messageId: pid, retain: false, dup: false } as Packet);
 }
 
-/** Sends the packets; each waits for the PUBACK of the one before (or, paced, for its slot). */
-async function run(packets: Uint8Array[]): Promise<{ cpuUs: number; wallMs: number; minorFaults: number; switches: number }> {
-  const target = acked + packets.length;
-  const t0 = performance.now();
-  const f0 = faults();
-  const c0 = process.cpuUsage();
-  for (let i = 0; i < packets.length; i++) {
-    if (RATE > 0) {
-      const wait = t0 + (i * 1000) / RATE - performance.now();
-      if (wait > 0) await Bun.sleep(wait);
-      session.data(packets[i]!);
-    } else {
-      const before = acked;
-      session.data(packets[i]!);
-      while (acked === before) await new Promise<void>((r) => (wake = r));
-    }
-  }
-  while (acked < target) await new Promise<void>((r) => (wake = r));
-  const c = process.cpuUsage(c0);
-  const f1 = faults();
-  return { cpuUs: c.user + c.system, wallMs: performance.now() - t0, minorFaults: f1.minor - f0.minor, switches: f1.switches - f0.switches };
-}
-
 const warm = Array.from({ length: WARM }, nextPublish);
 const packets = Array.from({ length: N }, nextPublish);
-await run(warm);
+const feed = (p: Uint8Array) => session.data(p);
+await drive(warm, feed, acked, RATE);
 Bun.gc(true);
-const r = await run(packets);
-console.log(
-  JSON.stringify({
-    workload: RATE > 0 ? `mqtt path @${RATE}/s` : "mqtt path, one at a time",
-    sync: SYNC,
-    messages: N,
-    cpuUsPerMsg: Math.round((r.cpuUs / N) * 10) / 10,
-    wallUsPerMsg: Math.round((r.wallMs * 1000) / N),
-    minorFaultsPerMsg: Math.round((r.minorFaults / N) * 100) / 100,
-    wakeupsPerMsg: Math.round((r.switches / N) * 100) / 100,
-    rssMB: Math.round(process.memoryUsage().rss / 1e5) / 10,
-    threadsMs: threadTimes(),
-    bound: "process CPU (one thread of JS, the log writes)",
-  }),
-);
+console.log(report(RATE > 0 ? `mqtt path @${RATE}/s` : "mqtt path, one at a time", SYNC, N, await drive(packets, feed, acked, RATE)));
 session.socketClosed();
 await agent.stop();
 rmSync(dir, { recursive: true, force: true });

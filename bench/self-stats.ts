@@ -1,7 +1,8 @@
 /**
- * What this process did, read from /proc: minor page faults, voluntary
- * context switches and CPU by kind of thread. For the in-process path
- * benchmarks (hub-path.ts, mqtt-path.ts).
+ * The in-process path benchmarks' common parts (hub-path.ts, mqtt-path.ts):
+ * what this process did, read from /proc (minor page faults, voluntary
+ * context switches, CPU by kind of thread), the loop that feeds a path one
+ * message at a time or paced, and the JSON line each prints.
  */
 import { readdirSync, readFileSync } from "node:fs";
 
@@ -36,4 +37,74 @@ export function threadTimes(): Record<string, number> {
     }
   }
   return out;
+}
+
+/** What came out at the end of the path so far; each arrival wakes the driver. */
+export class Arrivals {
+  count = 0;
+  private wake: (() => void) | null = null;
+
+  /** `n` more arrived (0: something came out, not a message). */
+  add(n: number): void {
+    this.count += n;
+    const w = this.wake;
+    this.wake = null;
+    w?.();
+  }
+
+  /** Resolves at the next `add`. */
+  next(): Promise<void> {
+    return new Promise<void>((r) => (this.wake = r));
+  }
+}
+
+/** CPU, wall time, faults and switches of one run. */
+export interface RunCost {
+  cpuUs: number;
+  wallMs: number;
+  minorFaults: number;
+  switches: number;
+}
+
+/**
+ * Feeds `items` into the path: with `rate` 0 each waits for the one before
+ * it to arrive (a board's rate as the agent sees it: every message alone),
+ * else one every 1/rate s. Returns once all have arrived.
+ */
+export async function drive<T>(items: readonly T[], feed: (item: T) => void, out: Arrivals, rate: number): Promise<RunCost> {
+  const target = out.count + items.length;
+  const t0 = performance.now();
+  const f0 = faults();
+  const c0 = process.cpuUsage();
+  for (let i = 0; i < items.length; i++) {
+    if (rate > 0) {
+      const wait = t0 + (i * 1000) / rate - performance.now();
+      if (wait > 0) await Bun.sleep(wait);
+      feed(items[i]!);
+    } else {
+      const before = out.count;
+      feed(items[i]!);
+      while (out.count === before) await out.next();
+    }
+  }
+  while (out.count < target) await out.next();
+  const c = process.cpuUsage(c0);
+  const f1 = faults();
+  return { cpuUs: c.user + c.system, wallMs: performance.now() - t0, minorFaults: f1.minor - f0.minor, switches: f1.switches - f0.switches };
+}
+
+/** The JSON line of a measured run of `n` messages. */
+export function report(workload: string, sync: string, n: number, r: RunCost): string {
+  return JSON.stringify({
+    workload,
+    sync,
+    messages: n,
+    cpuUsPerMsg: Math.round((r.cpuUs / n) * 10) / 10,
+    wallUsPerMsg: Math.round((r.wallMs * 1000) / n),
+    minorFaultsPerMsg: Math.round((r.minorFaults / n) * 100) / 100,
+    wakeupsPerMsg: Math.round((r.switches / n) * 100) / 100,
+    rssMB: Math.round(process.memoryUsage().rss / 1e5) / 10,
+    threadsMs: threadTimes(),
+    bound: "process CPU (one thread of JS, the log writes)",
+  });
 }

@@ -116,3 +116,15 @@ export async function startTestAgent(raw: Record<string, unknown> = {}, logger: 
 
 /** Path of the CLI entry for child processes. */
 export const MAIN = join(import.meta.dir, "..", "src", "main.ts");
+
+/** A small seeded generator (mulberry32) for randomized tests, so that a failure can be run again. */
+export function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

@@ -11,31 +11,13 @@
  * (an object from JSON) is handed to `packValue` and its bytes copied in.
  */
 
+import type { EnvelopeFields } from "./envelope.ts";
+
 /** The bytes of one msgpack value (the caller's msgpack encoder, for payloads that are neither text nor bytes). */
 export type PackValue = (value: unknown) => Uint8Array;
 
-/** The fields of a stored body, in their order in the map (docs/storage.md). */
-export interface EnvelopeBodyFields {
-  v?: number | undefined;
-  id: string;
-  ts: number;
-  channel: string;
-  origin: string;
-  type: string;
-  correlationId?: string | undefined;
-  serviceName?: string | undefined;
-  expires?: number | undefined;
-  contentType?: string | undefined;
-  replyTo?: string | undefined;
-  correlationData?: Uint8Array | undefined;
-  headers?: [string, string][] | undefined;
-  utf8?: boolean | undefined;
-  retain?: boolean | undefined;
-  publisher?: string | undefined;
-  qos?: number | undefined;
-  route: string[];
-  payload: unknown;
-}
+/** The fields of a stored body (docs/storage.md); `v` defaults to the current version. */
+export type EnvelopeBodyFields = EnvelopeFields & { v?: number | undefined };
 
 const utf8 = new TextEncoder();
 const key = (k: string): Uint8Array => {

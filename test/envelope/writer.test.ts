@@ -2,6 +2,7 @@ import { describe, expect, test } from "bun:test";
 import { Packr } from "msgpackr";
 import { decodeEnvelope, encodeEnvelope } from "../../src/envelope/envelope.ts";
 import { type EnvelopeBodyFields, EnvelopeWriter } from "../../src/envelope/writer.ts";
+import { rng } from "../helpers.ts";
 
 // The encoder the log used before the writer, with the same options: the writer must give its bytes.
 const packr = new Packr({ useRecords: false, moreTypes: false, int64AsType: "number", encodeUndefinedAsNil: true });
@@ -27,18 +28,6 @@ function reference(f: EnvelopeBodyFields, v: number): Uint8Array {
   m.route = f.route;
   m.payload = f.payload === undefined ? null : f.payload;
   return packr.pack(m);
-}
-
-/** A small seeded generator (mulberry32), so that a failure can be run again. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 function gen(r: () => number) {

@@ -3,21 +3,10 @@ import { Packr } from "msgpackr";
 import { HEADER_BYTES } from "../../src/federation/frame.ts";
 import { ackFrame, batchFrame, pingFrame } from "../../src/federation/messages.ts";
 import { readSimpleMap } from "../../src/federation/simple-map.ts";
+import { rng } from "../helpers.ts";
 
 // The general decoder as frame.ts configures it: the fast path must give what it gives.
 const packr = new Packr({ useRecords: false, moreTypes: false, mapsAsObjects: true, int64AsType: "number", encodeUndefinedAsNil: true });
-
-/** A small deterministic generator (mulberry32), so that a failure can be run again. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** A random value: the kinds the fast path takes, and (when `wild`) some it leaves to msgpackr. */
 function randomValue(r: () => number, wild: boolean, depth = 0): unknown {
