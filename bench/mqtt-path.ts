@@ -26,20 +26,12 @@ import { parseConfig } from "../src/config/schema.ts";
 import { MqttSession } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
 import { silentLogger } from "../src/observability/logger.ts";
-import { Arrivals, drive, report } from "./self-stats.ts";
+import { Arrivals, drive, pathOptions, report } from "./self-stats.ts";
 
 // With the allocator as `keyop run` sets it (this re-executes the script once).
 tuneAllocator();
 
-function arg(name: string, fallback: string): string {
-  const a = process.argv.find((x) => x.startsWith(`--${name}=`));
-  return a ? a.slice(name.length + 3) : fallback;
-}
-
-const N = Number(arg("n", "20000"));
-const WARM = Number(arg("warm", "60000"));
-const RATE = Number(arg("rate", "0"));
-const SYNC = arg("sync", "none") as "none" | "always";
+const { n: N, warm: WARM, rate: RATE, sync: SYNC } = pathOptions();
 
 const dir = mkdtempSync(join(tmpdir(), "keyop-mqtt-path-"));
 const cfg = parseConfig({

@@ -108,3 +108,12 @@ export function report(workload: string, sync: string, n: number, r: RunCost): s
     bound: "process CPU (one thread of JS, the log writes)",
   });
 }
+
+/** The options every path benchmark takes: --n, --warm, --rate, --sync. */
+export function pathOptions(): { n: number; warm: number; rate: number; sync: "none" | "always" } {
+  const arg = (name: string, fallback: string): string => {
+    const a = process.argv.find((x) => x.startsWith(`--${name}=`));
+    return a ? a.slice(name.length + 3) : fallback;
+  };
+  return { n: Number(arg("n", "20000")), warm: Number(arg("warm", "60000")), rate: Number(arg("rate", "0")), sync: arg("sync", "none") as "none" | "always" };
+}
