@@ -11,13 +11,14 @@
  * (an object from JSON) is handed to `packValue` and its bytes copied in.
  */
 
-import type { EnvelopeFields } from "./envelope.ts";
-
 /** The bytes of one msgpack value (the caller's msgpack encoder, for payloads that are neither text nor bytes). */
 export type PackValue = (value: unknown) => Uint8Array;
 
-/** The fields of a stored body (docs/storage.md); `v` defaults to the current version. */
-export type EnvelopeBodyFields = EnvelopeFields & { v?: number | undefined };
+/**
+ * An envelope's fields by their camelCase names (envelope.ts `EnvelopeFields`),
+ * read as unknown: each is checked as it is written.
+ */
+type Fields = Readonly<Record<string, unknown>>;
 
 const utf8 = new TextEncoder();
 const key = (k: string): Uint8Array => {
@@ -67,7 +68,8 @@ export class EnvelopeWriter {
    * field is not of its type (the caller then encodes it the general way,
    * which gives the same bytes or the same error).
    */
-  write(f: EnvelopeBodyFields, v: number): Uint8Array | null {
+  write(fields: object, v: number): Uint8Array | null {
+    const f = fields as Fields;
     const p = f.payload;
     let packed: Uint8Array | null = null;
     let need = 64 + 3 * (slen(f.id) + slen(f.channel) + slen(f.origin) + slen(f.type));

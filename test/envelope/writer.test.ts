@@ -1,7 +1,9 @@
 import { describe, expect, test } from "bun:test";
 import { Packr } from "msgpackr";
-import { decodeEnvelope, encodeEnvelope } from "../../src/envelope/envelope.ts";
-import { type EnvelopeBodyFields, EnvelopeWriter } from "../../src/envelope/writer.ts";
+import { decodeEnvelope, encodeEnvelope, type EnvelopeFields } from "../../src/envelope/envelope.ts";
+import { EnvelopeWriter } from "../../src/envelope/writer.ts";
+
+type EnvelopeBodyFields = EnvelopeFields & { v?: number };
 import { rng } from "../helpers.ts";
 
 // The encoder the log used before the writer, with the same options: the writer must give its bytes.
