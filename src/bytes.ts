@@ -4,8 +4,10 @@
  * Below this size a fresh zeroed array costs less than an unzeroed one:
  * JSC keeps a small typed array's bytes in its own heap, where a Buffer's
  * come from the allocator with a separate ArrayBuffer object. (Such an
- * array's `.buffer` is costly: it moves the bytes out. Write into it with
- * the functions below, not through a DataView.)
+ * array's `.buffer`, and its first `subarray`, are costly: they move the
+ * bytes out, several times the cost of making the array. Write into it
+ * with the functions below, not through a DataView, and copy a small part
+ * out with `slice` rather than viewing it.)
  */
 const SMALL_BYTES = 4096;
 

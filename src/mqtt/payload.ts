@@ -53,8 +53,13 @@ export function storedPayload(body: Uint8Array, v: EnvelopeView): Uint8Array {
     len = body[at + 1]! * 0x1000000 + ((body[at + 2]! << 16) | (body[at + 3]! << 8) | body[at + 4]!);
     start = at + 5;
   }
-  if (len >= 0) return body.subarray(start, start + len);
+  // A small payload is copied: a first view of a small array moves all its bytes out of the
+  // JavaScript heap (several times the copy's cost); a large one is a view.
+  if (len >= 0) return len <= SMALL_COPY ? body.slice(start, start + len) : body.subarray(start, start + len);
   return bytesOf(decodeValue(body.subarray(at, v.payloadEnd)));
 }
 
 const NULL_JSON = new TextEncoder().encode("null");
+
+/** Payloads up to this many bytes are copied out of the stored body rather than viewed. */
+const SMALL_COPY = 4096;

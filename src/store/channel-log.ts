@@ -246,7 +246,11 @@ export class ChannelLog {
     return this.segments.length;
   }
 
-  /** Appends one encoded envelope; resolves with its seq once durable. */
+  /**
+   * Appends one encoded envelope; resolves with its seq once durable.
+   * `body` is kept as it is (readers of the recent records get it), so it
+   * must be an array of its own that nobody changes afterwards.
+   */
   append(body: Uint8Array): Promise<number> {
     if (this.closed) return Promise.reject(new ClosedError(`channel ${this.name} is closed`));
     if (this.failure) return Promise.reject(this.failure);
@@ -260,7 +264,7 @@ export class ChannelLog {
   }
 
   /**
-   * Appends several bodies in one group commit; resolves with their
+   * Appends several bodies (kept as they are, as `append` keeps its one) in one group commit; resolves with their
    * (consecutive) seqs once all are durable, rejects if any is not. One
    * promise for the lot: a promise per record was a visible share of a
    * hub's CPU when it stored forwarded batches of thousands.
@@ -389,7 +393,7 @@ export class ChannelLog {
     }
     if (this.opts.sync !== "always") {
       this.dirty = true;
-      this.commit(seg, pos, firstSeq, chunk, buf);
+      this.commit(seg, pos, firstSeq, chunk);
       if (this.opts.sync === "none") {
         // No promise is made past the write, so there is nothing to go back to.
         this.markDurable(this.writeEnd, this.writeSeq);
@@ -437,7 +441,7 @@ export class ChannelLog {
         return;
       }
       this.failuresInRow = 0;
-      this.commit(seg, pos, firstSeq, chunk, buf);
+      this.commit(seg, pos, firstSeq, chunk);
       this.markDurable(seg.size, this.nextSeq);
     })();
     return true;
@@ -469,7 +473,7 @@ export class ChannelLog {
     seg.releaseSyncHandle(sfh);
     this.fsyncTook(performance.now() - t);
     this.failuresInRow = 0;
-    this.commit(seg, pos, firstSeq, chunk, buf);
+    this.commit(seg, pos, firstSeq, chunk);
     this.markDurable(seg.size, this.nextSeq);
     return true;
   }
@@ -661,18 +665,18 @@ export class ChannelLog {
   }
 
   /** Makes records written at `pos` visible, resolves their publishers, wakes readers. */
-  private commit(seg: Segment, pos: number, firstSeq: number, chunk: Pending[], buf: Uint8Array): void {
+  private commit(seg: Segment, pos: number, firstSeq: number, chunk: Pending[]): void {
     let off = pos;
     const cache = this.tail.wanted(this.listeners.size > 0);
     for (let k = 0; k < chunk.length; k++) {
       const seq = firstSeq + k;
       seg.noteAppended(seq, off);
-      const len = chunk[k]!.body.length;
-      if (cache) {
-        const start = off - pos + RECORD_HEADER_BYTES;
-        this.tail.push(seq, buf.subarray(start, start + len), chunk[k]!.at);
-      }
-      off += RECORD_HEADER_BYTES + len;
+      const body = chunk[k]!.body;
+      // The appended body itself, not a view of `buf`: every body appended is an array of its
+      // own (a new envelope, or a forwarded one with this instance added to its route), and
+      // a first view of a small new array moves its bytes out of the JavaScript heap.
+      if (cache) this.tail.push(seq, body, chunk[k]!.at);
+      off += RECORD_HEADER_BYTES + body.length;
     }
     seg.size = off;
     seg.lastSeq = firstSeq + chunk.length - 1;

@@ -23,15 +23,26 @@ export interface RawRecord {
   body: Uint8Array;
 }
 
+/**
+ * The seq's 8 bytes for the CRC, apart: the CRC of seq and body is the
+ * body's CRC continued from the seq's, so no view of `buf` is cut for it
+ * (a view of a small new array moves its bytes out of the JavaScript
+ * heap first, which cost more than the CRC itself).
+ */
+const seqBytes = new Uint8Array(8);
+
 /** Writes one record at `offset` of `buf`; returns the offset after it. */
 export function writeRecord(buf: Uint8Array, offset: number, seq: number, body: Uint8Array): number {
+  const lo = seq % 0x1_0000_0000;
+  const hi = Math.floor(seq / 0x1_0000_0000);
   setU32LE(buf, offset, body.length);
-  setU32LE(buf, offset + 8, seq % 0x1_0000_0000);
-  setU32LE(buf, offset + 12, Math.floor(seq / 0x1_0000_0000));
+  setU32LE(buf, offset + 8, lo);
+  setU32LE(buf, offset + 12, hi);
   buf.set(body, offset + RECORD_HEADER_BYTES);
-  const end = offset + RECORD_HEADER_BYTES + body.length;
-  setU32LE(buf, offset + 4, Bun.hash.crc32(buf.subarray(offset + 8, end)));
-  return end;
+  setU32LE(seqBytes, 0, lo);
+  setU32LE(seqBytes, 4, hi);
+  setU32LE(buf, offset + 4, Bun.hash.crc32(body, Bun.hash.crc32(seqBytes)));
+  return offset + RECORD_HEADER_BYTES + body.length;
 }
 
 /** Encodes records with consecutive seqs from `firstSeq` into one buffer. */

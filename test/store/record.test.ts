@@ -15,6 +15,21 @@ describe("record codec", () => {
     expect(crc).toBe(Buffer.from(buf.subarray(4, 8)).reverse().toString("hex"));
   });
 
+  test("every record's CRC is that of its seq and body bytes together, for seqs past 32 bits and several records in one buffer", () => {
+    for (const first of [0, 1, 0xffff_fffe, 0x1_0000_0000, 2 ** 40 + 5, 2 ** 53 - 4]) {
+      const bodies = [body(1, 1), body(100, 2), body(5000, 3)];
+      const buf = encodeRecords(first, bodies);
+      let off = 0;
+      for (const b of bodies) {
+        const end = off + RECORD_HEADER_BYTES + b.length;
+        const stored = new DataView(buf.buffer, buf.byteOffset).getUint32(off + 4, true);
+        expect(stored).toBe(Bun.hash.crc32(Uint8Array.from(buf.subarray(off + 8, end))));
+        off = end;
+      }
+      expect(scanRecords(buf, 0, first).stop).toBe("end");
+    }
+  });
+
   test("scan visits consecutive records and stops cleanly at the end", () => {
     const buf = encodeRecords(5, [body(10), body(20), body(30)]);
     const seen: number[] = [];
