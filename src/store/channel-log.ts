@@ -404,7 +404,7 @@ export class ChannelLog {
     }
     if (this.inflight === 0 && chunk.length <= INLINE_SYNC_RECORDS && this.fsyncMs < INLINE_SYNC_MAX_MS) {
       const sfh = seg.syncHandleNow();
-      if (sfh) return this.syncInline(seg, sfh, pos, firstSeq, chunk, buf);
+      if (sfh) return this.syncInline(seg, sfh, pos, firstSeq, chunk);
     }
     this.inflight++;
     const epoch = this.epoch;
@@ -460,7 +460,7 @@ export class ChannelLog {
    * right here, then the commit, all in this turn. Same outcomes as the
    * pipelined path: on failure the records wait for the reseal.
    */
-  private syncInline(seg: Segment, sfh: FileHandle, pos: number, firstSeq: number, chunk: Pending[], buf: Uint8Array): boolean {
+  private syncInline(seg: Segment, sfh: FileHandle, pos: number, firstSeq: number, chunk: Pending[]): boolean {
     const t = performance.now();
     try {
       fdatasyncSync(sfh.fd);
