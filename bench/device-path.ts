@@ -1,0 +1,122 @@
+/**
+ * Device B's path of one message inside one process, without sockets or
+ * other processes: a BATCH frame from the hub goes into B's link session,
+ * the `Receiver` stores it in B's log (`sync: none`), the agent's MQTT
+ * listener delivers it to a QoS 1 subscriber's session, and the PUBLISH
+ * comes out of that session's outbound queue as the socket would take it;
+ * the subscriber's PUBACK goes back a turn later, as a client's would. The
+ * link's ACKs to the hub are taken and dropped.
+ *
+ * What keyop's own code costs per message on the last hop of the two-hop
+ * path, apart from the kernel, TLS and the clients: for A/B of a change,
+ * with far less noise than the `steady: two hops` step. Its sibling
+ * benchmarks are hub-path.ts (the middle hop) and mqtt-path.ts (the first).
+ *
+ *   bun bench/device-path.ts [--n=20000] [--warm=60000] [--rate=1000] [--sync=none|always]
+ *
+ * One JSON line: CPU and wall time per message, minor page faults and
+ * voluntary context switches per message, RSS, CPU of each kind of thread.
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import mqtt, { type Packet } from "mqtt-packet";
+import { Agent } from "../src/agent/agent.ts";
+import { tuneAllocator } from "../src/cli/allocator.ts";
+import { parseConfig } from "../src/config/schema.ts";
+import { buildEnvelope } from "../src/envelope/build.ts";
+import { RecentIds } from "../src/federation/dedup.ts";
+import { batchFrame, clientHello, welcomeFrame } from "../src/federation/messages.ts";
+import { Receiver } from "../src/federation/receiver.ts";
+import { PeerSession } from "../src/federation/session.ts";
+import { messengerSink } from "../src/federation/sink.ts";
+import { MqttSession } from "../src/mqtt/session.ts";
+import { OutQueue } from "../src/net/out-queue.ts";
+import { silentLogger } from "../src/observability/logger.ts";
+import { Arrivals, drive, pathOptions, report } from "./self-stats.ts";
+
+// With the allocator as `keyop run` sets it (this re-executes the script once).
+tuneAllocator();
+
+const { n: N, warm: WARM, rate: RATE, sync: SYNC } = pathOptions();
+
+const dir = mkdtempSync(join(tmpdir(), "keyop-device-path-"));
+const cfg = parseConfig({
+  name: "b",
+  storage: { data_dir: join(dir, "data"), sync: SYNC },
+  api: { socket: join(dir, "k.sock") },
+  mqtt: { listen: "127.0.0.1:0" },
+});
+const agent = await Agent.start(cfg, silentLogger);
+
+// The subscriber: PUBLISHes counted as they leave the listener's outbound queue, each answered with a PUBACK a turn later.
+const delivered = new Arrivals();
+const pubacks: number[] = [];
+let session: MqttSession | null = null;
+const answer = () => {
+  const acks = new Uint8Array(pubacks.length * 4);
+  for (let i = 0; i < pubacks.length; i++) acks.set([0x40, 2, pubacks[i]! >> 8, pubacks[i]! & 0xff], i * 4);
+  pubacks.length = 0;
+  session!.data(acks);
+};
+const out = new OutQueue((bytes) => {
+  let n = 0;
+  for (let i = 0; i < bytes.length; ) {
+    const type = bytes[i]!;
+    let len = 0;
+    let shift = 0;
+    let j = i + 1;
+    for (;;) {
+      const b = bytes[j++]!;
+      len += (b & 0x7f) << shift;
+      shift += 7;
+      if (b < 0x80) break;
+    }
+    if (type >> 4 === 3 && (type & 0x06) === 0x02) {
+      const topicLen = (bytes[j]! << 8) | bytes[j + 1]!;
+      const at = j + 2 + topicLen;
+      if (pubacks.length === 0) setImmediate(answer);
+      pubacks.push((bytes[at]! << 8) | bytes[at + 1]!);
+      n++;
+    }
+    i = j + len;
+  }
+  delivered.add(n);
+  return bytes.length;
+}, 1 << 20);
+session = new MqttSession(agent.mqtt!, { write: (b) => out.push(b), writable: () => out.writable(), end() {} });
+session.data(mqtt.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 4, clean: true, clientId: "bench-sub", keepalive: 0 } as Packet));
+session.data(mqtt.generate({ cmd: "subscribe", messageId: 1, subscriptions: [{ topic: "down/t", qos: 1 }] } as Packet));
+
+// B's link session: the hub's frames are fed to `fromHub.receive`; B's ACKs to the hub are dropped.
+const receiver = new Receiver({ sink: messengerSink(agent.messenger), self: "b", dedup: new RecentIds(100_000), logger: silentLogger });
+const fromHub = new PeerSession(
+  { write: (b) => b.length, end() {}, terminate() {} },
+  { name: "hub", fingerprint: "fp-hub", notAfter: new Date(Date.now() + 86_400_000) },
+  { maxBody: (1 << 20) + 65_536, heartbeatMs: 5_000, logger: silentLogger, role: "client" },
+  { onBatch: (s, b) => receiver.handle(s, b) },
+);
+fromHub.sendHello(clientHello({ name: "b", mode: "link", publish: [], subscribe: ["down.>"], heartbeatMs: 5_000, maxBatchBytes: 1 << 20 }));
+fromHub.receive(welcomeFrame({ version: 1, name: "hub", publish: [], subscribe: ["down.>"], heartbeatMs: 5_000, maxBatchBytes: 1 << 20 }));
+await Bun.sleep(20);
+
+// The hub's BATCH frames, one record each, as its forwarder writes them (the route already names A and the hub).
+const payload = "x".repeat(200);
+let seq = 0;
+function nextFrame(): Uint8Array {
+  seq++;
+  const env = buildEnvelope("a", { channel: "down.t", type: "t", payload }, 1 << 20);
+  return batchFrame({ batch: seq, channel: "down.t", seqs: [seq], records: [env.body], delayAck: true });
+}
+
+const warmFrames = Array.from({ length: WARM }, nextFrame);
+const frames = Array.from({ length: N }, nextFrame);
+const feed = (f: Uint8Array) => fromHub.receive(f);
+await drive(warmFrames, feed, delivered, RATE);
+Bun.gc(true);
+console.log(report(RATE > 0 ? `device path @${RATE}/s` : "device path, one at a time", SYNC, N, await drive(frames, feed, delivered, RATE)));
+session.socketClosed();
+fromHub.close("bye", "done", { hard: true });
+await agent.stop();
+rmSync(dir, { recursive: true, force: true });
+process.exit(0);
