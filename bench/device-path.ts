@@ -12,9 +12,9 @@
  * with far less noise than the `steady: two hops` step. Its sibling
  * benchmarks are hub-path.ts (the middle hop) and mqtt-path.ts (the first).
  *
- *   bun bench/device-path.ts [--n=20000] [--warm=60000] [--rate=1000] [--sync=none|always]
+ *   bun bench/device-path.ts [--n=20000] [--warm=60000] [--segments=5] [--rate=1000] [--sync=none|always]
  *
- * One JSON line: CPU and wall time per message, minor page faults and
+ * One JSON line, of the median of the measured segments: CPU and wall time per message, minor page faults and
  * voluntary context switches per message, RSS, CPU of each kind of thread.
  */
 import { mkdtempSync, rmSync } from "node:fs";
@@ -33,12 +33,13 @@ import { messengerSink } from "../src/federation/sink.ts";
 import { MqttSession } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
 import { silentLogger } from "../src/observability/logger.ts";
-import { Arrivals, drive, pathOptions, report } from "./self-stats.ts";
+import { Arrivals, measure, pathOptions, report } from "./self-stats.ts";
 
 // With the allocator as `keyop run` sets it (this re-executes the script once).
 tuneAllocator();
 
-const { n: N, warm: WARM, rate: RATE, sync: SYNC } = pathOptions();
+const opts = pathOptions();
+const { n: N, rate: RATE, sync: SYNC } = opts;
 
 const dir = mkdtempSync(join(tmpdir(), "keyop-device-path-"));
 const cfg = parseConfig({
@@ -109,12 +110,8 @@ function nextFrame(): Uint8Array {
   return batchFrame({ batch: seq, channel: "down.t", seqs: [seq], records: [env.body], delayAck: true });
 }
 
-const warmFrames = Array.from({ length: WARM }, nextFrame);
-const frames = Array.from({ length: N }, nextFrame);
 const feed = (f: Uint8Array) => fromHub.receive(f);
-await drive(warmFrames, feed, delivered, RATE);
-Bun.gc(true);
-console.log(report(RATE > 0 ? `device path @${RATE}/s` : "device path, one at a time", SYNC, N, await drive(frames, feed, delivered, RATE)));
+console.log(report(RATE > 0 ? `device path @${RATE}/s` : "device path, one at a time", SYNC, N, await measure(nextFrame, feed, delivered, opts)));
 session.socketClosed();
 fromHub.close("bye", "done", { hard: true });
 await agent.stop();

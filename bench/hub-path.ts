@@ -12,9 +12,9 @@
  * hub: every message alone) and paced at a fixed rate. For A/B of a change
  * to the path, with far less noise than the three-process step.
  *
- *   bun bench/hub-path.ts [--n=20000] [--warm=60000] [--rate=1000] [--sync=none|always]
+ *   bun bench/hub-path.ts [--n=20000] [--warm=60000] [--segments=5] [--rate=1000] [--sync=none|always]
  *
- * It prints one JSON line: CPU and wall time per message, minor page
+ * It prints one JSON line, of the median of the measured segments: CPU and wall time per message, minor page
  * faults and voluntary context switches per message, RSS, and the CPU of
  * each kind of thread.
  */
@@ -32,12 +32,13 @@ import { messengerSink } from "../src/federation/sink.ts";
 import { Messenger } from "../src/messenger/messenger.ts";
 import { silentLogger } from "../src/observability/logger.ts";
 import { tuneAllocator } from "../src/cli/allocator.ts";
-import { Arrivals, drive, pathOptions, report } from "./self-stats.ts";
+import { Arrivals, measure, pathOptions, report } from "./self-stats.ts";
 
 // With the allocator as `keyop run` sets it (this re-executes the script once).
 tuneAllocator();
 
-const { n: N, warm: WARM, rate: RATE, sync: SYNC } = pathOptions();
+const opts = pathOptions();
+const { n: N, rate: RATE, sync: SYNC } = opts;
 const B_ACK_HOLD_MS = 5;
 
 const dir = mkdtempSync(join(tmpdir(), "keyop-hub-path-"));
@@ -120,13 +121,8 @@ function nextFrame(): Uint8Array {
   return batchFrame({ batch: seqA, channel: "up.t", seqs: [seqA], records: [env.body], delayAck: true });
 }
 
-// Built before anything is measured (and before the profile that a run may take).
-const warmFrames = Array.from({ length: WARM }, nextFrame);
-const frames = Array.from({ length: N }, nextFrame);
 const feed = (f: Uint8Array) => fromA.receive(f);
-await drive(warmFrames, feed, delivered, RATE);
-Bun.gc(true);
-console.log(report(RATE > 0 ? `hub path @${RATE}/s` : "hub path, one at a time", SYNC, N, await drive(frames, feed, delivered, RATE)));
+console.log(report(RATE > 0 ? `hub path @${RATE}/s` : "hub path, one at a time", SYNC, N, await measure(nextFrame, feed, delivered, opts)));
 forwarder?.stop();
 await messenger.close();
 rmSync(dir, { recursive: true, force: true });

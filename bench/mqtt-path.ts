@@ -11,9 +11,9 @@
  * fixed rate. For A/B of a change, with far less noise than the
  * `steady: one broker` step.
  *
- *   bun bench/mqtt-path.ts [--n=20000] [--warm=60000] [--rate=1000] [--sync=none|always]
+ *   bun bench/mqtt-path.ts [--n=20000] [--warm=60000] [--segments=5] [--rate=1000] [--sync=none|always]
  *
- * One JSON line: CPU and wall time per message, minor page faults and
+ * One JSON line, of the median of the measured segments: CPU and wall time per message, minor page faults and
  * voluntary context switches per message, RSS, CPU of each kind of thread.
  */
 import { mkdtempSync, rmSync } from "node:fs";
@@ -26,12 +26,13 @@ import { parseConfig } from "../src/config/schema.ts";
 import { MqttSession } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
 import { silentLogger } from "../src/observability/logger.ts";
-import { Arrivals, drive, pathOptions, report } from "./self-stats.ts";
+import { Arrivals, measure, pathOptions, report } from "./self-stats.ts";
 
 // With the allocator as `keyop run` sets it (this re-executes the script once).
 tuneAllocator();
 
-const { n: N, warm: WARM, rate: RATE, sync: SYNC } = pathOptions();
+const opts = pathOptions();
+const { n: N, rate: RATE, sync: SYNC } = opts;
 
 const dir = mkdtempSync(join(tmpdir(), "keyop-mqtt-path-"));
 const cfg = parseConfig({
@@ -63,12 +64,8 @@ function nextPublish(): Uint8Array {
   return mqtt.generate({ cmd: "publish", topic: "bench/steady", payload, qos: 1, messageId: pid, retain: false, dup: false } as Packet);
 }
 
-const warm = Array.from({ length: WARM }, nextPublish);
-const packets = Array.from({ length: N }, nextPublish);
 const feed = (p: Uint8Array) => session.data(p);
-await drive(warm, feed, acked, RATE);
-Bun.gc(true);
-console.log(report(RATE > 0 ? `mqtt path @${RATE}/s` : "mqtt path, one at a time", SYNC, N, await drive(packets, feed, acked, RATE)));
+console.log(report(RATE > 0 ? `mqtt path @${RATE}/s` : "mqtt path, one at a time", SYNC, N, await measure(nextPublish, feed, acked, opts)));
 session.socketClosed();
 await agent.stop();
 rmSync(dir, { recursive: true, force: true });

@@ -1,5 +1,6 @@
 /**
- * The in-process path benchmarks' common parts (hub-path.ts, mqtt-path.ts):
+ * The in-process path benchmarks' common parts (mqtt-path.ts, hub-path.ts,
+ * device-path.ts):
  * what this process did, read from /proc (minor page faults, voluntary
  * context switches, CPU by kind of thread), the loop that feeds a path one
  * message at a time or paced, and the JSON line each prints.
@@ -67,23 +68,54 @@ export interface RunCost {
 }
 
 /**
- * Feeds `items` into the path: with `rate` 0 each waits for the one before
+ * The inputs of a run, made before anything is measured and packed into one
+ * buffer outside the JavaScript heap, as a socket's reads arrive; the path
+ * is fed a view of each. (Kept as arrays of their own, a run's hundred
+ * thousand inputs were marked by every collection, and the same build's
+ * runs differed by up to 2x.)
+ */
+export class Inputs {
+  private readonly bytes: Uint8Array;
+  private readonly ends: Float64Array;
+
+  /** `n` inputs, the i-th made by `make(i)`. */
+  constructor(n: number, make: (i: number) => Uint8Array) {
+    const parts = Array.from({ length: n }, (_, i) => make(i));
+    this.ends = new Float64Array(n);
+    let size = 0;
+    for (let i = 0; i < n; i++) this.ends[i] = size += parts[i]!.length;
+    this.bytes = new Uint8Array(new ArrayBuffer(size));
+    for (let i = 0; i < n; i++) this.bytes.set(parts[i]!, this.ends[i]! - parts[i]!.length);
+  }
+
+  get length(): number {
+    return this.ends.length;
+  }
+
+  /** A view of the i-th input. */
+  at(i: number): Uint8Array {
+    return this.bytes.subarray(i === 0 ? 0 : this.ends[i - 1]!, this.ends[i]!);
+  }
+}
+
+/**
+ * Feeds `inputs` into the path: with `rate` 0 each waits for the one before
  * it to arrive (a board's rate as the agent sees it: every message alone),
  * else one every 1/rate s. Returns once all have arrived.
  */
-export async function drive<T>(items: readonly T[], feed: (item: T) => void, out: Arrivals, rate: number): Promise<RunCost> {
-  const target = out.count + items.length;
+export async function drive(inputs: Inputs, feed: (input: Uint8Array) => void, out: Arrivals, rate: number): Promise<RunCost> {
+  const target = out.count + inputs.length;
   const t0 = performance.now();
   const f0 = faults();
   const c0 = process.cpuUsage();
-  for (let i = 0; i < items.length; i++) {
+  for (let i = 0; i < inputs.length; i++) {
     if (rate > 0) {
       const wait = t0 + (i * 1000) / rate - performance.now();
       if (wait > 0) await Bun.sleep(wait);
-      feed(items[i]!);
+      feed(inputs.at(i));
     } else {
       const before = out.count;
-      feed(items[i]!);
+      feed(inputs.at(i));
       while (out.count === before) await out.next();
     }
   }
@@ -93,13 +125,36 @@ export async function drive<T>(items: readonly T[], feed: (item: T) => void, out
   return { cpuUs: c.user + c.system, wallMs: performance.now() - t0, minorFaults: f1.minor - f0.minor, switches: f1.switches - f0.switches };
 }
 
-/** The JSON line of a measured run of `n` messages. */
-export function report(workload: string, sync: string, n: number, r: RunCost): string {
+/**
+ * Feeds `warm` inputs, then measures `segments` runs of `n` inputs each
+ * (a full collection before each). A path's cost moves within one process
+ * by up to 2x from one second to the next (collections, the allocator
+ * returning pages: its page faults move with it), so a run is several
+ * segments and its figure their median.
+ */
+export async function measure(make: (i: number) => Uint8Array, feed: (input: Uint8Array) => void, out: Arrivals, o: { n: number; warm: number; rate: number; segments: number }): Promise<RunCost[]> {
+  // Built before anything is measured (and before the profile that a run may take).
+  const warm = new Inputs(o.warm, make);
+  const segments = Array.from({ length: o.segments }, () => new Inputs(o.n, make));
+  await drive(warm, feed, out, o.rate);
+  const costs: RunCost[] = [];
+  for (const inputs of segments) {
+    Bun.gc(true);
+    costs.push(await drive(inputs, feed, out, o.rate));
+  }
+  return costs;
+}
+
+/** The JSON line of measured segments of `n` messages each: the median segment's figures, and every segment's CPU. */
+export function report(workload: string, sync: string, n: number, segments: RunCost[]): string {
+  const sorted = [...segments].sort((a, b) => a.cpuUs - b.cpuUs);
+  const r = sorted[(sorted.length - 1) >> 1]!;
   return JSON.stringify({
     workload,
     sync,
     messages: n,
     cpuUsPerMsg: Math.round((r.cpuUs / n) * 10) / 10,
+    segmentsCpuUsPerMsg: segments.map((x) => Math.round((x.cpuUs / n) * 10) / 10),
     wallUsPerMsg: Math.round((r.wallMs * 1000) / n),
     minorFaultsPerMsg: Math.round((r.minorFaults / n) * 100) / 100,
     wakeupsPerMsg: Math.round((r.switches / n) * 100) / 100,
@@ -109,11 +164,17 @@ export function report(workload: string, sync: string, n: number, r: RunCost): s
   });
 }
 
-/** The options every path benchmark takes: --n, --warm, --rate, --sync. */
-export function pathOptions(): { n: number; warm: number; rate: number; sync: "none" | "always" } {
+/** The options every path benchmark takes: --n (per segment), --warm, --segments, --rate, --sync. */
+export function pathOptions(): { n: number; warm: number; segments: number; rate: number; sync: "none" | "always" } {
   const arg = (name: string, fallback: string): string => {
     const a = process.argv.find((x) => x.startsWith(`--${name}=`));
     return a ? a.slice(name.length + 3) : fallback;
   };
-  return { n: Number(arg("n", "20000")), warm: Number(arg("warm", "60000")), rate: Number(arg("rate", "0")), sync: arg("sync", "none") as "none" | "always" };
+  return {
+    n: Number(arg("n", "20000")),
+    warm: Number(arg("warm", "60000")),
+    segments: Number(arg("segments", "5")),
+    rate: Number(arg("rate", "0")),
+    sync: arg("sync", "none") as "none" | "always",
+  };
 }
