@@ -14,6 +14,7 @@
  * socket itself (docs/benchmarks.md). Pure functions: no socket here.
  */
 import type { IPublishPacket, Packet } from "mqtt-packet";
+import { uninitialized } from "../bytes.ts";
 import { MqttFrameError } from "./frame-error.ts";
 import { readPublishProperties, type PublishProperties } from "./properties.ts";
 
@@ -159,11 +160,13 @@ export function publishSize(topicBytes: number, payloadBytes: number, qos: numbe
 }
 
 /**
- * A PUBLISH as keyop sends them to subscribers; `props` is the MQTT 5
- * property block (from encodePublishProperties; none: an empty one).
+ * A PUBLISH as keyop sends them to subscribers, its topic given as UTF-8
+ * bytes (a session keeps them per channel; empty under a topic alias);
+ * `props` is the MQTT 5 property block (from encodePublishProperties;
+ * none: an empty one).
  */
 export function encodePublish(
-  topic: string,
+  topic: Uint8Array,
   payload: Uint8Array,
   qos: 0 | 1 | 2,
   messageId: number | undefined,
@@ -171,10 +174,10 @@ export function encodePublish(
   version: number,
   retain = false,
   props: Uint8Array | null = null,
-): Buffer {
-  const topicLen = Buffer.byteLength(topic);
+): Uint8Array {
+  const topicLen = topic.length;
   const rest = 2 + topicLen + (qos > 0 ? 2 : 0) + (version === 5 ? (props?.length ?? 1) : 0) + payload.length;
-  const out = Buffer.allocUnsafe(1 + varintSize(rest) + rest);
+  const out = uninitialized(1 + varintSize(rest) + rest);
   out[0] = 0x30 | (dup && qos > 0 ? 8 : 0) | (qos << 1) | (retain ? 1 : 0);
   let at = 1;
   let n = rest;
@@ -186,7 +189,8 @@ export function encodePublish(
   } while (n > 0);
   out[at++] = topicLen >> 8;
   out[at++] = topicLen & 0xff;
-  at += out.write(topic, at, "utf8");
+  out.set(topic, at);
+  at += topicLen;
   if (qos > 0) {
     out[at++] = (messageId! >> 8) & 0xff;
     out[at++] = messageId! & 0xff;

@@ -98,8 +98,18 @@ const MAX_WAITING_PACKETS = 1024;
 /** Client ids kept as they are in their session's name (what keyop accepted before any UTF-8 id). */
 const PLAIN_CLIENT_ID = /^[A-Za-z0-9_.-]{1,100}$/;
 
-/** Topics whose channels a session remembers; past this it starts over (a client that never repeats a topic). */
+/** Topics whose channels a session remembers, and channels whose topics; past this it starts over (a client that never repeats one). */
 const CHANNELS_KEPT = 64;
+
+/** A topic name as a PUBLISH to a subscriber carries it. */
+interface TopicName {
+  topic: string;
+  /** Its UTF-8 (shared: read, never written into). */
+  bytes: Uint8Array;
+}
+
+const topicEncoder = new TextEncoder();
+const NO_BYTES = new Uint8Array(0);
 
 /** Topic aliases a client may set (MQTT 5 CONNACK Topic Alias Maximum). */
 const TOPIC_ALIAS_MAX = 64;
@@ -667,6 +677,21 @@ export class MqttSession implements SharedMember {
     return c;
   }
 
+  /** Topic names of the channels delivered to this client lately, with their bytes (a few channels, again and again). */
+  private readonly topicNames = new Map<string, TopicName>();
+
+  /** `channelToTopic` and the topic's UTF-8, remembered for up to CHANNELS_KEPT channels. */
+  private topicOf(channel: string): TopicName {
+    let t = this.topicNames.get(channel);
+    if (t === undefined) {
+      const topic = channelToTopic(channel);
+      t = { topic, bytes: topicEncoder.encode(topic) };
+      if (this.topicNames.size >= CHANNELS_KEPT) this.topicNames.clear();
+      this.topicNames.set(channel, t);
+    }
+    return t;
+  }
+
   /** QoS 1 publishes not yet acknowledged and QoS 2 ones not yet released. */
   private inboundInFlight(): number {
     let n = this.qos2.size;
@@ -758,7 +783,7 @@ export class MqttSession implements SharedMember {
       if (r.qos > 0 && this.room() <= 0) break; // the rest when acknowledgements make room
       // Not from a subscriber's log: its acknowledgement moves no cursor, only gives its room back.
       if (r.qos > 0) this.window.take(0);
-      if (!this.sendMessage(channelToTopic(r.channel), r.payload, r.meta, r.qos, true, r.subId, null, r.channel, -1, true) && r.qos > 0) this.window.give(0);
+      if (!this.sendMessage(this.topicOf(r.channel), r.payload, r.meta, r.qos, true, r.subId, null, r.channel, -1, true) && r.qos > 0) this.window.give(0);
     }
     if (i > 0) this.retainedOut = this.retainedOut.slice(i);
   }
@@ -871,7 +896,7 @@ export class MqttSession implements SharedMember {
     // over MQTT has none and goes at the subscription's.
     const qos = (v.qos >= 0 && v.qos < options.qos ? v.qos : options.qos) as 0 | 1 | 2;
     const retain = options.retainAsPublished && meta?.retain === true;
-    return this.sendMessage(channelToTopic(r.channel), storedPayload(r.body, v), meta, qos, retain, options.id, from, r.channel, r.seq, ownsRoom);
+    return this.sendMessage(this.topicOf(r.channel), storedPayload(r.body, v), meta, qos, retain, options.id, from, r.channel, r.seq, ownsRoom);
   }
 
   /**
@@ -880,7 +905,7 @@ export class MqttSession implements SharedMember {
    * maximum packet size: MQTT 5 says such a message is dropped for it).
    */
   private sendMessage(
-    topic: string,
+    name: TopicName,
     payload: Uint8Array,
     meta: MessageMeta | null,
     qos: 0 | 1 | 2,
@@ -893,18 +918,19 @@ export class MqttSession implements SharedMember {
   ): boolean {
     // MQTT 5 topic aliases to the client, if it takes any: a topic's first message sets one, later
     // ones send only the alias (on a cellular link the topic is often most of a small message).
+    const topic = name.topic;
     let alias: number | undefined;
-    let wireTopic = topic;
+    let wireTopic = name.bytes;
     if (this.version === 5 && this.clientAliasMax > 0 && topic.length > 2) {
       alias = this.outAliases.get(topic);
-      if (alias !== undefined) wireTopic = "";
+      if (alias !== undefined) wireTopic = NO_BYTES;
       else if (this.outAliases.size < this.clientAliasMax) {
         alias = this.outAliases.size + 1;
         this.outAliases.set(topic, alias);
       }
     }
     const props = this.version === 5 && (meta !== null || subId > 0 || alias !== undefined) ? encodePublishProperties(publishPropertiesOf(meta, Date.now(), subId > 0 ? [subId] : [], alias)) : null;
-    const size = publishSize(Buffer.byteLength(wireTopic), payload.length, qos, this.version, props?.length ?? 1);
+    const size = publishSize(wireTopic.length, payload.length, qos, this.version, props?.length ?? 1);
     if (size > this.clientMaxPacket) {
       this.host.logger.warn("mqtt message larger than the client's maximum packet size, not sent to it", { client: this.clientId, topic, bytes: size, max: this.clientMaxPacket });
       return false;

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import mqtt from "mqtt-packet";
 import mqttjs from "mqtt";
-import type { Packet } from "mqtt-packet";
+import type { IPublishPacket, Packet } from "mqtt-packet";
 import { MqttSession, sessionName } from "../../src/mqtt/session.ts";
 import { join } from "node:path";
 import { startTestAgent, tmpDir, waitFor, type TestAgent } from "../helpers.ts";
@@ -68,14 +68,21 @@ describe("MQTT listener, raw packets", () => {
     c.end();
   });
 
-  test("one client publishing to more topics than its session remembers: each message on its topic's channel, a bad topic still refused", async () => {
+  test("one client publishing to more topics than its session remembers, another receiving them: each message on its topic's channel and topic, a bad topic still refused", async () => {
+    const sub = await raw();
+    sub.send(connect("many-topics-sub"), { cmd: "subscribe", messageId: 1, subscriptions: [{ topic: "raw/many/#", qos: 0 }] } as Packet);
+    await waitFor(() => sub.packets.some((p) => p.cmd === "suback"), "SUBACK");
     const c = await raw();
-    // 100 topics (past the 64 a session keeps), each twice, apart: every one is looked up again after it was dropped.
+    // 100 topics (past the 64 a session keeps, either way), each twice, apart: every one is looked up again after it was dropped.
     const topics = Array.from({ length: 100 }, (_, i) => `raw/many/t${i}`);
     const pubs = [...topics, ...topics].map((topic, i): Packet => ({ cmd: "publish", topic, payload: Buffer.from(`m${i}`), qos: 1, messageId: i + 1, retain: false, dup: false }) as Packet);
     c.send(connect("many-topics"), ...pubs);
     await waitFor(() => c.packets.filter((p) => p.cmd === "puback").length === 200, "200 PUBACKs");
     for (const i of [0, 63, 64, 65, 99]) expect(await stored(`raw.many.t${i}`)).toEqual([`m${i}`, `m${i + 100}`]);
+    await waitFor(() => sub.packets.filter((p) => p.cmd === "publish").length === 200, "200 PUBLISHes at the subscriber");
+    const got = sub.packets.filter((p) => p.cmd === "publish").map((p) => `${(p as IPublishPacket).topic} ${String((p as IPublishPacket).payload)}`);
+    expect(got.sort()).toEqual([...topics, ...topics].map((topic, i) => `${topic} m${i}`).sort());
+    sub.end();
     c.send({ cmd: "publish", topic: "raw/+/bad", payload: Buffer.from("x"), qos: 1, messageId: 201, retain: false, dup: false } as Packet);
     await waitFor(() => c.closed(), "closed for a wildcard in a topic name");
     c.end();
