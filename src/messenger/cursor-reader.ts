@@ -200,8 +200,11 @@ export class CursorReader<T> {
     const handsOutAll = this.opts.unit === "record" || this.countRecords;
     while (!this.stopped && !opts.signal?.aborted) {
       const room = window.room();
+      // An acknowledgement and room given back wake the loop too, and when the consumer keeps
+      // up nothing is past what it was handed: then it goes back to sleep without a fetch.
       if (room > 0 && this.dirty) {
         this.dirty = false;
+        if (!this.sub.hasAfter(this.sent)) continue;
         // A fetch holds at most one run per channel: with room for one of each, all of it is
         // handed out too, and the fetch may move the positions itself.
         const after = handsOutAll || room >= this.sub.channelCount() ? this.sent : new Map(this.sent);

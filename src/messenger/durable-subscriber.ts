@@ -112,6 +112,16 @@ export class DurableSubscriber {
     return this.host.matchingLogs(this.pattern).length;
   }
 
+  /**
+   * Whether a matching channel has a record at or past `after` (default:
+   * the acked cursors) and the acked cursor: whether a fetch would read
+   * anything now.
+   */
+  hasAfter(after?: Positions): boolean {
+    for (const log of this.host.matchingLogs(this.pattern)) if (log.nextSeq > Math.max(after?.get(log.name) ?? 0, this.cursor(log))) return true;
+    return false;
+  }
+
   /** The acked positions on every matching channel. */
   positions(): Positions {
     const p: Positions = new Map();
@@ -283,7 +293,7 @@ export class DurableSubscriber {
    * false after `timeoutMs` or on `signal`.
    */
   wait(timeoutMs: number, opts: { after?: Positions; signal?: AbortSignal } = {}): Promise<boolean> {
-    const ready = () => this.host.matchingLogs(this.pattern).some((log) => log.nextSeq > Math.max(opts.after?.get(log.name) ?? 0, this.cursor(log)));
+    const ready = () => this.hasAfter(opts.after);
     if (ready()) return Promise.resolve(true);
     if (timeoutMs <= 0 || opts.signal?.aborted) return Promise.resolve(false);
     return new Promise<boolean>((resolve) => {
