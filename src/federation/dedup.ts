@@ -22,12 +22,14 @@ export class RecentIds {
   /** True if `id` was seen recently (and refreshes it); otherwise records it and returns false. */
   seen(id: string): boolean {
     if (this.capacity === 0) return false;
-    if (this.ids.has(id)) {
+    // One lookup for a new id (the usual case): the size tells whether the set added it.
+    const before = this.ids.size;
+    this.ids.set(id, true);
+    if (this.ids.size === before) {
       this.ids.delete(id);
       this.ids.set(id, true);
       return true;
     }
-    this.ids.set(id, true);
     if (this.ids.size > this.capacity) this.ids.delete(this.oldest.next().value!);
     return false;
   }

@@ -159,7 +159,8 @@ export class Receiver {
     const { selfBytes } = this;
     const peer = session.peer.name;
     const keep: { view: EnvelopeView; body: Uint8Array; id: string }[] = [];
-    const keepIds = new Set<string>();
+    // Duplicates within the batch; a batch of one record (a steady link's usual) needs no set.
+    const keepIds = batch.records.length > 1 ? new Set<string>() : null;
     // Every record must be of the batch's channel (checked below), so the rules are checked once.
     const allowed = !this.opts.allow || this.opts.allow(batch.channel);
     const channelBytes = utf8Bytes(batch.channel);
@@ -195,13 +196,13 @@ export class Receiver {
         this.stats.expired++;
         continue;
       }
-      if (dedup.has(id) || this.pending.has(id) || keepIds.has(id)) {
+      if (dedup.has(id) || this.pending.has(id) || keepIds?.has(id)) {
         this.stats.duplicates++;
         audit?.record("duplicate_dropped", { peer, channel: batch.channel, id });
         continue;
       }
       keep.push({ view: msg, body, id });
-      keepIds.add(id);
+      keepIds?.add(id);
       if (msg.replyToStart >= 0) this.opts.onRequest?.(envelopeReplyTo(body, msg)!, msg.expires);
     }
     if (keep.length === 0) return true;

@@ -112,4 +112,16 @@ describe("Receiver ACKs", () => {
     expect(b.acks).toHaveLength(0);
     expect(c.acks).toHaveLength(0);
   });
+
+  test("a record twice in one batch, and again in a later one of one record, is stored once; both batches are acknowledged", async () => {
+    const a = setup(0);
+    const env = buildEnvelope("dev", { channel: "up.x", type: "t", payload: "once" }, 65_536).body;
+    const other = buildEnvelope("dev", { channel: "up.x", type: "t", payload: "other" }, 65_536).body;
+    a.receiver.handle(a.link, { batch: 1, channel: "up.x", seqs: [1, 2, 3], records: [env, other, env] });
+    await waitFor(() => a.acks.length === 1, "the first ACK");
+    a.receiver.handle(a.link, { batch: 2, channel: "up.x", seqs: [4], records: [env] });
+    await waitFor(() => a.acks.length === 2, "the second ACK");
+    expect(a.stored.map((s) => s.records.length)).toEqual([2]);
+    expect(a.receiver.stats.duplicates).toBe(2);
+  });
 });
