@@ -75,9 +75,14 @@ export interface Ack {
   upto: number;
 }
 
-/** Heartbeat and its answer; `t` is the sender's clock, echoed back for RTT. */
+/**
+ * Heartbeat and its answer; `t` is the sender's clock, echoed back for RTT.
+ * A PING may carry `r`, the round trip its sender measured last (ms): the
+ * side that answers and does not ping learns it so.
+ */
 export interface Ping {
   t: number;
+  r?: number;
 }
 
 /** Last frame before closing, with a reason. */
@@ -399,7 +404,7 @@ export function parseReply(f: Frame): Reply {
 
 /** Encodes a PING or PONG frame. */
 export function pingFrame(p: Ping): Uint8Array {
-  return encodeFrame(FrameType.PING, { t: p.t });
+  return encodeFrame(FrameType.PING, p.r === undefined ? { t: p.t } : { t: p.t, r: p.r });
 }
 
 /** Encodes the PONG answering a PING (its time echoed). */
@@ -412,7 +417,10 @@ export function parsePing(f: Frame): Ping {
   if (f.type !== FrameType.PING && f.type !== FrameType.PONG) throw new FrameError("expected PING or PONG");
   const t = f.body.t;
   if (typeof t !== "number" || !Number.isFinite(t)) throw new FrameError('field "t" must be a number');
-  return { t };
+  const r = f.body.r;
+  if (r === undefined || f.type === FrameType.PONG) return { t };
+  if (typeof r !== "number" || !Number.isFinite(r) || r < 0) throw new FrameError('field "r" must be a non-negative number');
+  return { t, r };
 }
 
 /** Encodes a CLOSE frame. */

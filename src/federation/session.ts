@@ -194,9 +194,13 @@ export class PeerSession {
 
   private dispatch(f: Frame): void {
     switch (f.type) {
-      case FrameType.PING:
-        this.send(pongFrame(parsePing(f)));
+      case FrameType.PING: {
+        const p = parsePing(f);
+        this.send(pongFrame(p));
+        // The dialer's own measurement, for the side that answers and does not ping (heartbeat.ts).
+        if (p.r !== undefined) this.rttMs = p.r;
         return;
+      }
       case FrameType.PONG:
         this.rttMs = Math.max(0, Date.now() - parsePing(f).t);
         return;
@@ -258,7 +262,7 @@ export class PeerSession {
   }
 
   /** Arms the one heartbeat timer for the next moment something is due (see heartbeat.ts). */
-  private startHeartbeat(delayMs = heartbeatStep(Date.now(), this.lastRecv, this.lastSent, this.heartbeatMs).nextInMs): void {
+  private startHeartbeat(delayMs = heartbeatStep(Date.now(), this.lastRecv, this.lastSent, this.heartbeatMs, this.role === "hub").nextInMs): void {
     this.timer = setTimeout(this.heartbeatTick, delayMs);
     this.timer.unref?.();
   }
@@ -267,13 +271,13 @@ export class PeerSession {
     this.timer = null;
     if (this.state === "closed") return;
     const now = Date.now();
-    const step = heartbeatStep(now, this.lastRecv, this.lastSent, this.heartbeatMs);
+    const step = heartbeatStep(now, this.lastRecv, this.lastSent, this.heartbeatMs, this.role === "hub");
     if (step.action === "dead") {
       // Nothing for three periods: the peer or the path is gone, FIN or not.
       this.close("heartbeat", `no frame from ${this.peer.name} for ${now - this.lastRecv} ms (3 heartbeats)`, { hard: true });
       return;
     }
-    if (step.action === "ping") this.send(pingFrame({ t: now }));
+    if (step.action === "ping") this.send(pingFrame(this.rttMs === undefined ? { t: now } : { t: now, r: this.rttMs }));
     // (A failed send may have closed the session meanwhile.)
     if ((this.state as string) !== "closed") this.startHeartbeat(step.nextInMs);
   };

@@ -59,6 +59,14 @@ describe("frame codec", () => {
     expect(parseClose(one(unhex(GOLDEN[6]![2])))).toEqual({ code: "bye", reason: "shutdown" });
   });
 
+  test("a PING may carry the round trip its sender measured; a PONG echoes the time only; a bad one is refused", () => {
+    expect(parsePing(one(pingFrame({ t: 5, r: 12.5 })))).toEqual({ t: 5, r: 12.5 });
+    expect(parsePing(one(pingFrame({ t: 5 })))).toEqual({ t: 5 });
+    expect(parsePing(one(pongFrame({ t: 5, r: 12.5 })))).toEqual({ t: 5 });
+    expect(() => parsePing(one(encodeFrame(FrameType.PING, { t: 5, r: -1 })))).toThrow(FrameError);
+    expect(() => parsePing(one(encodeFrame(FrameType.PING, { t: 5, r: "1" })))).toThrow(FrameError);
+  });
+
   test("HELLO carries start: earliest only when asked, and reads it back", () => {
     expect(parseHello(one(helloFrame({ ...hello, start: "earliest" })))).toEqual({ ...hello, start: "earliest" });
     expect(hex(helloFrame({ ...hello }))).toBe(GOLDEN[0]![2]);

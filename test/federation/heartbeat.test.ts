@@ -41,4 +41,44 @@ describe("heartbeatStep", () => {
     }
     expect(looks).toBeLessThanOrEqual(101);
   });
+
+  test("the side that answers pings only after two periods without a frame, and is dead after three", () => {
+    expect(heartbeatStep(2 * P - 1_000, 0, 0, P, true)).toEqual({ action: "none", nextInMs: 1_000 });
+    expect(heartbeatStep(2 * P, 0, 0, P, true)).toEqual({ action: "ping", nextInMs: P });
+    // Sending meanwhile (its own batches) it does not ping; the dead line stays where it was.
+    expect(heartbeatStep(2 * P, 0, 2 * P - 10, P, true).action).toBe("none");
+    expect(heartbeatStep(3 * P + 1, 0, 3 * P, P, true).action).toBe("dead");
+  });
+
+  test("a link whose dialer pings every period: the side that answers never pings, and looks less than once a period", () => {
+    // The dialer pings at every period (its send clock: only its pings); the other side answers each at once.
+    let dialerSent = 0;
+    let hubRecv = 0;
+    let hubSent = 0;
+    let hubNext = heartbeatStep(0, 0, 0, P, true).nextInMs;
+    let dialerNext = heartbeatStep(0, 0, 0, P).nextInMs;
+    let hubLooks = 0;
+    let hubPings = 0;
+    for (let now = 0; now < 100 * P; now += 1) {
+      if (now === dialerNext) {
+        const s = heartbeatStep(now, hubSent, dialerSent, P);
+        expect(s.action).not.toBe("dead");
+        if (s.action === "ping") {
+          dialerSent = now;
+          hubRecv = now; // the ping arrives
+          hubSent = now; // the PONG
+        }
+        dialerNext = now + s.nextInMs;
+      }
+      if (now === hubNext) {
+        const s = heartbeatStep(now, hubRecv, hubSent, P, true);
+        expect(s.action).toBe("none");
+        if (s.action === "ping") hubPings++;
+        hubLooks++;
+        hubNext = now + s.nextInMs;
+      }
+    }
+    expect(hubPings).toBe(0);
+    expect(hubLooks).toBeLessThanOrEqual(70);
+  });
 });

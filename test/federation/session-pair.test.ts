@@ -4,6 +4,7 @@
  * mTLS tests in session.test.ts keep the real transport covered).
  */
 import { describe, expect, test } from "bun:test";
+import { FrameDecoder, FrameType } from "../../src/federation/frame.ts";
 import { ackFrame, batchFrame, clientHello, type Welcome } from "../../src/federation/messages.ts";
 import type { PeerSession, SessionEvents } from "../../src/federation/session.ts";
 import { waitFor } from "../helpers.ts";
@@ -72,17 +73,31 @@ describe("PeerSession over an in-memory pipe", () => {
     expect(hub.state).toBe("closed");
   });
 
-  test("an idle healthy session stays up and measures its round trip; a path gone silent is closed within three heartbeats", async () => {
+  test("an idle healthy session stays up: the dialer pings, the hub only answers and learns the round trip from the pings; a path gone silent is closed within three heartbeats", async () => {
     const c = recorder();
     const h = recorder({ onHello: () => welcome(150) });
     const { client, hub, clientEnd, hubEnd } = sessionPair(c.events, h.events, { heartbeatMs: 150 });
+    const pings = { client: 0, hub: 0 };
+    for (const [side, end] of [
+      ["client", clientEnd],
+      ["hub", hubEnd],
+    ] as const) {
+      const decoder = new FrameDecoder(1 << 20);
+      const write = end.write;
+      end.write = (bytes) => {
+        for (const f of decoder.push(bytes.slice())) if (f.type === FrameType.PING) pings[side]++;
+        return write.call(end, bytes);
+      };
+    }
     client.sendHello(hello(150));
     await waitFor(() => client.state === "open", "open");
-    // Whichever side pings first is answered, which keeps the other from needing to ping.
-    await waitFor(() => client.rttMs !== undefined || hub.rttMs !== undefined, "a round trip measured", 2_000);
+    // The hub's from the round trip the client measured and sent with its next ping.
+    await waitFor(() => client.rttMs !== undefined && hub.rttMs !== undefined, "the round trip known at both ends", 2_000);
     const quietSince = Date.now();
     await waitFor(() => Date.now() - quietSince > 600, "four idle heartbeats");
     expect([client.state, hub.state]).toEqual(["open", "open"]);
+    expect(pings.client).toBeGreaterThanOrEqual(4);
+    expect(pings.hub).toBe(0);
     // The path now drops everything both ways, without a FIN.
     clientEnd.silent = true;
     hubEnd.silent = true;

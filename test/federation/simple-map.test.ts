@@ -73,6 +73,7 @@ describe("readSimpleMap: the fast path for frame bodies", () => {
       batchFrame({ batch: 70_000, channel: "up.sensor-1.temp", seqs: [1, 300, 2 ** 40], records, delayAck: true }),
       ackFrame({ batch: 12, channel: "up.x", upto: 99_999 }),
       pingFrame({ t: Date.now() }),
+      pingFrame({ t: Date.now(), r: 3.25 }),
     ]) {
       const body = frame.subarray(HEADER_BYTES);
       const got = readSimpleMap(body);
