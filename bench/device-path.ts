@@ -17,23 +17,18 @@
  * One JSON line, of the median of the measured segments: CPU and wall time per message, minor page faults and
  * voluntary context switches per message, RSS, CPU of each kind of thread.
  */
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { rmSync } from "node:fs";
 import mqtt, { type Packet } from "mqtt-packet";
-import { Agent } from "../src/agent/agent.ts";
 import { tuneAllocator } from "../src/cli/allocator.ts";
-import { parseConfig } from "../src/config/schema.ts";
-import { buildEnvelope } from "../src/envelope/build.ts";
 import { RecentIds } from "../src/federation/dedup.ts";
-import { batchFrame, clientHello, welcomeFrame } from "../src/federation/messages.ts";
+import { clientHello, welcomeFrame } from "../src/federation/messages.ts";
 import { Receiver } from "../src/federation/receiver.ts";
 import { PeerSession } from "../src/federation/session.ts";
 import { messengerSink } from "../src/federation/sink.ts";
 import { MqttSession } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
 import { silentLogger } from "../src/observability/logger.ts";
-import { Arrivals, measure, pathOptions, report } from "./self-stats.ts";
+import { Arrivals, measure, mqttAgent, oneRecordBatches, pathOptions, report } from "./self-stats.ts";
 
 // With the allocator as `keyop run` sets it (this re-executes the script once).
 tuneAllocator();
@@ -41,14 +36,7 @@ tuneAllocator();
 const opts = pathOptions();
 const { n: N, rate: RATE, sync: SYNC } = opts;
 
-const dir = mkdtempSync(join(tmpdir(), "keyop-device-path-"));
-const cfg = parseConfig({
-  name: "b",
-  storage: { data_dir: join(dir, "data"), sync: SYNC },
-  api: { socket: join(dir, "k.sock") },
-  mqtt: { listen: "127.0.0.1:0" },
-});
-const agent = await Agent.start(cfg, silentLogger);
+const { agent, dir } = await mqttAgent("b", SYNC);
 
 // The subscriber: PUBLISHes counted as they leave the listener's outbound queue, each answered with a PUBACK a turn later.
 const delivered = new Arrivals();
@@ -101,14 +89,8 @@ fromHub.sendHello(clientHello({ name: "b", mode: "link", publish: [], subscribe:
 fromHub.receive(welcomeFrame({ version: 1, name: "hub", publish: [], subscribe: ["down.>"], heartbeatMs: 5_000, maxBatchBytes: 1 << 20 }));
 await Bun.sleep(20);
 
-// The hub's BATCH frames, one record each, as its forwarder writes them (the route already names A and the hub).
-const payload = "x".repeat(200);
-let seq = 0;
-function nextFrame(): Uint8Array {
-  seq++;
-  const env = buildEnvelope("a", { channel: "down.t", type: "t", payload }, 1 << 20);
-  return batchFrame({ batch: seq, channel: "down.t", seqs: [seq], records: [env.body], delayAck: true });
-}
+// The hub's BATCH frames, one record each, as its forwarder writes them.
+const nextFrame = oneRecordBatches("down.t");
 
 const feed = (f: Uint8Array) => fromHub.receive(f);
 console.log(report(RATE > 0 ? `device path @${RATE}/s` : "device path, one at a time", SYNC, N, await measure(nextFrame, feed, delivered, opts)));

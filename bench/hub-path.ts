@@ -21,18 +21,17 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { buildEnvelope } from "../src/envelope/build.ts";
 import { RecentIds } from "../src/federation/dedup.ts";
 import { Forwarder } from "../src/federation/forwarder.ts";
 import { FrameDecoder, FrameType } from "../src/federation/frame.ts";
-import { ackFrame, batchFrame, clientHello, helloFrame, parseBatch } from "../src/federation/messages.ts";
+import { ackFrame, clientHello, helloFrame, parseBatch } from "../src/federation/messages.ts";
 import { Receiver } from "../src/federation/receiver.ts";
 import { PeerSession, type SessionTransport } from "../src/federation/session.ts";
 import { messengerSink } from "../src/federation/sink.ts";
 import { Messenger } from "../src/messenger/messenger.ts";
 import { silentLogger } from "../src/observability/logger.ts";
 import { tuneAllocator } from "../src/cli/allocator.ts";
-import { Arrivals, measure, pathOptions, report } from "./self-stats.ts";
+import { Arrivals, measure, oneRecordBatches, pathOptions, report } from "./self-stats.ts";
 
 // With the allocator as `keyop run` sets it (this re-executes the script once).
 tuneAllocator();
@@ -113,13 +112,7 @@ while (!forwarder) await Bun.sleep(1);
 await Bun.sleep(20);
 
 // A's BATCH frames, one record each, as A's forwarder writes them.
-const payload = "x".repeat(200);
-let seqA = 0;
-function nextFrame(): Uint8Array {
-  seqA++;
-  const env = buildEnvelope("a", { channel: "up.t", type: "t", payload }, 1 << 20);
-  return batchFrame({ batch: seqA, channel: "up.t", seqs: [seqA], records: [env.body], delayAck: true });
-}
+const nextFrame = oneRecordBatches("up.t");
 
 const feed = (f: Uint8Array) => fromA.receive(f);
 console.log(report(RATE > 0 ? `hub path @${RATE}/s` : "hub path, one at a time", SYNC, N, await measure(nextFrame, feed, delivered, opts)));

@@ -16,17 +16,12 @@
  * One JSON line, of the median of the measured segments: CPU and wall time per message, minor page faults and
  * voluntary context switches per message, RSS, CPU of each kind of thread.
  */
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { rmSync } from "node:fs";
 import mqtt, { type Packet } from "mqtt-packet";
-import { Agent } from "../src/agent/agent.ts";
 import { tuneAllocator } from "../src/cli/allocator.ts";
-import { parseConfig } from "../src/config/schema.ts";
 import { MqttSession } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
-import { silentLogger } from "../src/observability/logger.ts";
-import { Arrivals, measure, pathOptions, report } from "./self-stats.ts";
+import { Arrivals, measure, mqttAgent, pathOptions, report } from "./self-stats.ts";
 
 // With the allocator as `keyop run` sets it (this re-executes the script once).
 tuneAllocator();
@@ -34,14 +29,7 @@ tuneAllocator();
 const opts = pathOptions();
 const { n: N, rate: RATE, sync: SYNC } = opts;
 
-const dir = mkdtempSync(join(tmpdir(), "keyop-mqtt-path-"));
-const cfg = parseConfig({
-  name: "agent",
-  storage: { data_dir: join(dir, "data"), sync: SYNC },
-  api: { socket: join(dir, "k.sock") },
-  mqtt: { listen: "127.0.0.1:0" },
-});
-const agent = await Agent.start(cfg, silentLogger);
+const { agent, dir } = await mqttAgent("agent", SYNC);
 
 // The PUBACKs as the socket would take them, through the listener's outbound queue.
 const acked = new Arrivals();

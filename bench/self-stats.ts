@@ -5,7 +5,14 @@
  * context switches, CPU by kind of thread), the loop that feeds a path one
  * message at a time or paced, and the JSON line each prints.
  */
-import { readdirSync, readFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { Agent } from "../src/agent/agent.ts";
+import { parseConfig } from "../src/config/schema.ts";
+import { buildEnvelope } from "../src/envelope/build.ts";
+import { batchFrame } from "../src/federation/messages.ts";
+import { silentLogger } from "../src/observability/logger.ts";
 
 /** Minor page faults (/proc/self/stat) and voluntary context switches of all threads so far. */
 export function faults(): { minor: number; switches: number } {
@@ -176,5 +183,28 @@ export function pathOptions(): { n: number; warm: number; segments: number; rate
     segments: Number(arg("segments", "5")),
     rate: Number(arg("rate", "0")),
     sync: arg("sync", "none") as "none" | "always",
+  };
+}
+
+/** A real agent with an MQTT listener, its data in a new temporary directory (removed by the caller). */
+export async function mqttAgent(name: string, sync: "none" | "always"): Promise<{ agent: Agent; dir: string }> {
+  const dir = mkdtempSync(join(tmpdir(), `keyop-${name}-path-`));
+  const cfg = parseConfig({
+    name,
+    storage: { data_dir: join(dir, "data"), sync },
+    api: { socket: join(dir, "k.sock") },
+    mqtt: { listen: "127.0.0.1:0" },
+  });
+  return { agent: await Agent.start(cfg, silentLogger), dir };
+}
+
+/** BATCH frames of one record each (a 200-byte payload published on A) on `channel`, as a forwarder writes them. */
+export function oneRecordBatches(channel: string): () => Uint8Array {
+  const payload = "x".repeat(200);
+  let seq = 0;
+  return () => {
+    seq++;
+    const env = buildEnvelope("a", { channel, type: "t", payload }, 1 << 20);
+    return batchFrame({ batch: seq, channel, seqs: [seq], records: [env.body], delayAck: true });
   };
 }
