@@ -57,6 +57,17 @@ export class RecentIds {
   private readonly othersOldest = this.others.keys();
 
   private readonly keyOf: (id: string) => number;
+  /** The last id hashed and its hash: a receiver asks `has` and then `seen` of the same id. */
+  private lastId = "";
+  private lastKey = -1;
+
+  private key(id: string): number {
+    if (id !== this.lastId) {
+      this.lastId = id;
+      this.lastKey = this.keyOf(id);
+    }
+    return this.lastKey;
+  }
 
   /** `keyOf`: the hash of an id that fits a slot, else -1 (a test may make ids collide). */
   constructor(capacity: number, keyOf: (id: string) => number = slotKey) {
@@ -67,7 +78,7 @@ export class RecentIds {
   /** True if `id` was seen recently (and refreshes it); otherwise records it and returns false. */
   seen(id: string): boolean {
     if (this.capacity === 0) return false;
-    const key = this.keyOf(id);
+    const key = this.key(id);
     if (key < 0) return this.seenOther(id);
     const had = this.find(id, key) >= 0;
     // A refreshed id takes a new slot; its old one is left behind and skipped when its turn comes.
@@ -78,7 +89,7 @@ export class RecentIds {
   /** True if `id` is remembered, without recording or refreshing it. */
   has(id: string): boolean {
     if (this.capacity === 0) return false;
-    const key = this.keyOf(id);
+    const key = this.key(id);
     return key < 0 ? this.others.has(id) : this.find(id, key) >= 0;
   }
 
