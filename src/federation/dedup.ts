@@ -75,10 +75,14 @@ export class RecentIds {
     this.keyOf = keyOf;
   }
 
-  /** True if `id` was seen recently (and refreshes it); otherwise records it and returns false. */
-  seen(id: string): boolean {
+  /** The hash `has` and `seen` take for `id` (a caller that asks both of many ids passes it back). */
+  hash(id: string): number {
+    return this.key(id);
+  }
+
+  /** True if `id` was seen recently (and refreshes it); otherwise records it and returns false. `key`: its `hash`. */
+  seen(id: string, key = this.key(id)): boolean {
     if (this.capacity === 0) return false;
-    const key = this.key(id);
     if (key < 0) return this.seenOther(id);
     const had = this.find(id, key) >= 0;
     // A refreshed id takes a new slot; its old one is left behind and skipped when its turn comes.
@@ -86,10 +90,9 @@ export class RecentIds {
     return had;
   }
 
-  /** True if `id` is remembered, without recording or refreshing it. */
-  has(id: string): boolean {
+  /** True if `id` is remembered, without recording or refreshing it. `key`: its `hash`. */
+  has(id: string, key = this.key(id)): boolean {
     if (this.capacity === 0) return false;
-    const key = this.key(id);
     return key < 0 ? this.others.has(id) : this.find(id, key) >= 0;
   }
 

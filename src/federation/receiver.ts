@@ -158,7 +158,7 @@ export class Receiver {
     const { dedup, audit } = this.opts;
     const { selfBytes } = this;
     const peer = session.peer.name;
-    const keep: { view: EnvelopeView; body: Uint8Array; id: string }[] = [];
+    const keep: { view: EnvelopeView; body: Uint8Array; id: string; key: number }[] = [];
     // Duplicates within the batch; a batch of one record (a steady link's usual) needs no set.
     const keepIds = batch.records.length > 1 ? new Set<string>() : null;
     // Every record must be of the batch's channel (checked below), so the rules are checked once.
@@ -196,12 +196,13 @@ export class Receiver {
         this.stats.expired++;
         continue;
       }
-      if (dedup.has(id) || this.pending.has(id) || keepIds?.has(id)) {
+      const key = dedup.hash(id);
+      if (dedup.has(id, key) || this.pending.has(id) || keepIds?.has(id)) {
         this.stats.duplicates++;
         audit?.record("duplicate_dropped", { peer, channel: batch.channel, id });
         continue;
       }
-      keep.push({ view: msg, body, id });
+      keep.push({ view: msg, body, id, key });
       keepIds?.add(id);
       if (msg.replyToStart >= 0) this.opts.onRequest?.(envelopeReplyTo(body, msg)!, msg.expires);
     }
@@ -211,7 +212,7 @@ export class Receiver {
     for (const k of keep) this.pending.add(k.id);
     try {
       await this.opts.sink.store(batch.channel, records);
-      for (const k of keep) dedup.seen(k.id);
+      for (const k of keep) dedup.seen(k.id, k.key);
       this.stats.stored += keep.length;
       return true;
     } catch (err) {

@@ -75,6 +75,10 @@ describe("RecentIds", () => {
     expect(r.has(base.slice(0, -1))).toBe(false);
     expect(r.has(`${base}0`)).toBe(false);
     expect(r.seen(base)).toBe(true);
+    // With its hash passed back, as a receiver does for a batch.
+    expect(r.has(base, r.hash(base))).toBe(true);
+    expect(r.seen(`${base}0`, r.hash(`${base}0`))).toBe(false);
+    expect(r.has(`${base}0`)).toBe(true);
   });
 
   test("against a plain Map of the same capacity, in random order with repeats: never a duplicate the Map would not call one; every id of the last capacity sightings remembered", () => {
