@@ -64,6 +64,11 @@ export class Preallocator {
 
   /** Waits for the running fill if a write of `bytes` at `pos` would cross into it: zeros must never land on a record. */
   async beforeWrite(seg: Segment, pos: number, bytes: number): Promise<void> {
-    if (this.running && pos + bytes > seg.allocated) await this.running;
+    if (this.mustWait(seg, pos, bytes)) await this.running;
+  }
+
+  /** Whether a write of `bytes` at `pos` must wait for the fill running now. */
+  mustWait(seg: Segment, pos: number, bytes: number): boolean {
+    return this.running !== null && pos + bytes > seg.allocated;
   }
 }

@@ -409,6 +409,39 @@ describe("ChannelLog", () => {
     await log.close();
   });
 
+  test("records written while the space ahead is being zeroed never lose bytes to the zeros (small fill steps, one record a tick)", async () => {
+    const dir = join(tmpDir(), "c");
+    // A fill of 4 KiB runs on the thread pool every few records; each append below is written in place at
+    // once, so most land while a fill is running, and those past its start must wait for it.
+    const log = await ChannelLog.open("c", dir, opts({ sync: "none", preallocateBytes: 4096 }), { create: true });
+    const n = 1500;
+    for (let i = 0; i < n; i++) await log.append(bodyOf(i, 200));
+    await log.close();
+    const again = await ChannelLog.open("c", dir, opts({ sync: "none" }));
+    expect(again.health().damagedRecords).toBe(0);
+    expect(again.nextSeq).toBe(n + 1);
+    const all = await readAll(again);
+    expect(all.map((r) => r.text)).toEqual(Array.from({ length: n }, (_, i) => `record-${i}${"x".repeat(200)}`));
+    await again.close();
+  });
+
+  for (const sync of ["always", "none"] as const) {
+    test(`close writes the appends made just before it, and their promises resolve (sync: ${sync})`, async () => {
+      const dir = join(tmpDir(), "c");
+      const log = await ChannelLog.open("c", dir, opts({ sync }), { create: true });
+      await log.append(bodyOf(0));
+      // One append waits for the turn after a write, the others for the end of this tick.
+      const first = log.append(bodyOf(1));
+      await Promise.resolve();
+      const rest = [log.append(bodyOf(2)), log.append(bodyOf(3))];
+      await log.close();
+      expect(await Promise.all([first, ...rest])).toEqual([2, 3, 4]);
+      const again = await ChannelLog.open("c", dir, opts({ sync }));
+      expect((await readAll(again)).map((r) => r.text)).toEqual(["record-0", "record-1", "record-2", "record-3"]);
+      await again.close();
+    });
+  }
+
   test("a closed log refuses appends with a typed error", async () => {
     const log = await ChannelLog.open("c", join(tmpDir(), "c"), opts(), { create: true });
     await log.close();
