@@ -375,10 +375,13 @@ export class ChannelLog {
         await this.writeBatch(batch);
         // Let the publishers resolved meanwhile queue their next appends first.
         await new Promise<void>((r) => setImmediate(r));
+        // Nothing to recover or write again: what comes next is the common case again.
+        if (!this.needReseal && this.redo.length === 0) break;
       }
     } finally {
       this.flushing = null;
     }
+    if (this.queue.length > 0) this.kick();
   }
 
   /** Writes `batch` in chunks that fit the active segment, rolling as needed. */
