@@ -23,6 +23,44 @@ export function uninitialized(n: number): Uint8Array {
   return new Uint8Array(b.buffer, b.byteOffset, n);
 }
 
+/**
+ * Copies of small chunks, packed into shared blocks. A chunk copied into an
+ * array of its own and then viewed (a packet cut out of it, a payload out of
+ * the packet) has its bytes moved out of the JavaScript heap into an
+ * ArrayBuffer of its own at the first view, and young collections with
+ * thousands of those to finalize paused several times longer
+ * (docs/benchmarks.md). Views of one block cost no such move. A block lives
+ * while any copy in it does; a chunk over a quarter of a block gets an
+ * ArrayBuffer of its own, as large ones always had.
+ */
+export class CopyBlocks {
+  private readonly blockBytes: number;
+  private block: Buffer = Buffer.alloc(0);
+  private at = 0;
+
+  constructor(blockBytes = 16 * 1024) {
+    this.blockBytes = blockBytes;
+  }
+
+  /** A copy of `chunk` (a Buffer: the MQTT parser wants one), which nobody else writes to. */
+  copy(chunk: Uint8Array): Buffer {
+    const n = chunk.length;
+    if (n > this.blockBytes >> 2) {
+      const own = Buffer.allocUnsafeSlow(n);
+      own.set(chunk);
+      return own;
+    }
+    if (this.at + n > this.block.length) {
+      this.block = Buffer.allocUnsafeSlow(this.blockBytes);
+      this.at = 0;
+    }
+    const out = this.block.subarray(this.at, this.at + n);
+    out.set(chunk);
+    this.at += n;
+    return out;
+  }
+}
+
 /** Writes `v` (0 .. 0xffff) big-endian at `at`. */
 export function setU16BE(b: Uint8Array, at: number, v: number): void {
   b[at] = v >>> 8;

@@ -15,6 +15,7 @@ import { SharedSubscriptions } from "./shared.ts";
 import { RetainedStore } from "./retained.ts";
 import { SessionStore } from "./session-store.ts";
 import { join } from "node:path";
+import { CopyBlocks } from "../bytes.ts";
 import { OutQueue } from "../net/out-queue.ts";
 
 interface Conn {
@@ -63,6 +64,7 @@ export class MqttServer implements SessionHost {
   readonly retained: RetainedStore;
   readonly sessions: SessionStore;
   readonly shared: SharedSubscriptions;
+  readonly inbound = new CopyBlocks();
   private sweeper: ReturnType<typeof setInterval> | null = null;
 
   private constructor(messenger: Messenger, cfg: MqttConfig, logger: Logger, retained: RetainedStore, sessions: SessionStore) {

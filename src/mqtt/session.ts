@@ -25,6 +25,7 @@ import { channelToTopic, filterToPatterns, hiddenFromWildcard, topicToChannel } 
 import type { RetainedStore } from "./retained.ts";
 import type { SessionStore } from "./session-store.ts";
 import { compilePattern, compileRules } from "../envelope/names.ts";
+import type { CopyBlocks } from "../bytes.ts";
 
 /** What a session needs from the server around it. */
 export interface SessionHost {
@@ -49,6 +50,8 @@ export interface SessionHost {
   shared: SharedSubscriptions;
   /** Runs `publish` (a will) after `ms`, unless `clientId` connects again before. */
   delayWill(clientId: string, ms: number, publish: () => void): void;
+  /** Where the sessions copy what their sockets hand them. */
+  inbound: CopyBlocks;
 }
 
 /** The socket operations a session uses. */
@@ -200,7 +203,7 @@ export class MqttSession implements SharedMember {
     let frames: Frame[];
     try {
       // A copy: the socket's buffer is reused after this callback, and packets may wait a turn.
-      frames = this.framer.feed(Buffer.from(chunk));
+      frames = this.framer.feed(this.host.inbound.copy(chunk));
     } catch (err) {
       return this.fail((err as Error).message, err instanceof MqttFrameError ? err.reason : 0x81);
     }
@@ -482,7 +485,8 @@ export class MqttSession implements SharedMember {
     // session expiry are apart; the client asks for an expiry (none: 0), capped by the config.
     const asked = (p.properties as { sessionExpiryInterval?: number } | undefined)?.sessionExpiryInterval;
     this.expiryMs = this.version === 5 ? this.expiryFor(asked ?? 0) : cleanStart ? 0 : this.host.cfg.sessionExpiryMs;
-    this.will = p.will;
+    // A copy of its own: the packet's bytes share a block with other packets, which the will would keep.
+    this.will = p.will ? { ...p.will, payload: Buffer.from(p.will.payload) } : undefined;
     if (this.will) {
       try {
         topicToChannel(this.will.topic);
