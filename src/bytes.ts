@@ -44,18 +44,19 @@ export class CopyBlocks {
 
   /** A copy of `chunk` (a Buffer: the MQTT parser wants one), which nobody else writes to. */
   copy(chunk: Uint8Array): Buffer {
-    const n = chunk.length;
-    if (n > this.blockBytes >> 2) {
-      const own = Buffer.allocUnsafeSlow(n);
-      own.set(chunk);
-      return own;
-    }
+    const out = this.alloc(chunk.length);
+    out.set(chunk);
+    return out;
+  }
+
+  /** `n` bytes, not zeroed, for the caller to fill: of a block, or of an ArrayBuffer of their own when large. */
+  alloc(n: number): Buffer {
+    if (n > this.blockBytes >> 2) return Buffer.allocUnsafeSlow(n);
     if (this.at + n > this.block.length) {
       this.block = Buffer.allocUnsafeSlow(this.blockBytes);
       this.at = 0;
     }
     const out = this.block.subarray(this.at, this.at + n);
-    out.set(chunk);
     this.at += n;
     return out;
   }

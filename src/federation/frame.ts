@@ -12,7 +12,7 @@
  * against the limit before a byte of the body is buffered, and every
  * malformed input ends in a `FrameError`, never in another exception.
  */
-import { getU16BE, getU32BE, setU16BE, setU32BE, uninitialized } from "../bytes.ts";
+import { CopyBlocks, getU16BE, getU32BE, setU16BE, setU32BE } from "../bytes.ts";
 import { Packr } from "msgpackr";
 import { KeyopError } from "../errors.ts";
 import { readSimpleMap } from "./simple-map.ts";
@@ -106,12 +106,19 @@ export function decodeFrameBody(type: number, bytes: Uint8Array): Frame {
  */
 export class FrameDecoder {
   private readonly maxBody: number;
+  private readonly blocks: CopyBlocks;
   private chunks: Uint8Array[] = [];
   private size = 0;
   private failed = false;
 
-  constructor(maxBody: number) {
+  /**
+   * `blocks`: where incoming chunks are copied (sessions of one listener
+   * share theirs). A socket's chunk is an array of its own that a view
+   * would move out of the JavaScript heap, and frames are views.
+   */
+  constructor(maxBody: number, blocks: CopyBlocks = new CopyBlocks()) {
     this.maxBody = Math.min(maxBody, HARD_MAX_BODY);
+    this.blocks = blocks;
   }
 
   /** Bytes held for an unfinished frame. */
@@ -123,14 +130,10 @@ export class FrameDecoder {
   push(chunk: Uint8Array): Frame[] {
     if (this.failed) throw new FrameError("decoder already failed");
     try {
-      this.chunks.push(chunk);
+      // A copy: the caller may reuse `chunk` after we return, and frames may be kept longer.
+      this.chunks.push(this.blocks.copy(chunk));
       this.size += chunk.length;
-      const frames = this.frames();
-      // The caller may reuse `chunk` after we return: keep a copy of whatever part of it we still hold.
-      const last = this.chunks.length - 1;
-      // (A copy even when `chunk` is a Buffer, whose own slice() would share the bytes.)
-      if (last >= 0 && this.chunks[last]!.buffer === chunk.buffer) this.chunks[last] = new Uint8Array(this.chunks[last]!);
-      return frames;
+      return this.frames();
     } catch (err) {
       this.failed = true;
       this.chunks = [];
@@ -185,7 +188,7 @@ export class FrameDecoder {
       else this.chunks[0] = first.subarray(n);
       return first.subarray(0, n);
     }
-    const out = uninitialized(n); // filled completely below
+    const out = this.blocks.alloc(n); // filled completely below
     let off = 0;
     while (off < n) {
       const c = this.chunks[0]!;

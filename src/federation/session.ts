@@ -5,6 +5,7 @@
  * bytes are parsed by frame.ts/messages.ts; what batches mean is up to the
  * hub and link code above this.
  */
+import { CopyBlocks } from "../bytes.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { PeerIdentity } from "../pki/tls.ts";
 import type { MtlsSocket } from "../pki/mtls.ts";
@@ -51,6 +52,8 @@ export interface SessionOptions {
   handshakeTimeoutMs?: number;
   /** Codecs this side compresses BATCHes with, preferred first (a client offers them, a hub picks one); none when absent. */
   compression?: readonly Codec[];
+  /** Where the session copies what its socket hands it; the sessions of one listener share one. */
+  inbound?: CopyBlocks;
 }
 
 /** BATCH bytes through a session: as encoded, and as on the wire (after compression). */
@@ -125,7 +128,7 @@ export class PeerSession {
     this.role = opts.role;
     this.opts = opts;
     this.events = events;
-    this.decoder = new FrameDecoder(opts.maxBody);
+    this.decoder = new FrameDecoder(opts.maxBody, opts.inbound);
     this.out = new OutQueue((b) => transport.write(b), HIGH_WATER_BYTES);
     this.heartbeatMs = opts.heartbeatMs;
     this.handshakeTimer = setTimeout(() => this.state === "handshaking" && this.close("handshake_timeout", "no handshake within the time limit"), opts.handshakeTimeoutMs ?? HANDSHAKE_TIMEOUT_MS);
@@ -338,9 +341,10 @@ export function sessionHandler(
   // TLS server socket's data from inside the verification callback was not seen by the next
   // data callback (the session test in test/federation/forward.test.ts hung on it).
   const sessions = new WeakMap<object, PeerSession>();
+  const shared: SessionOptions = opts.inbound ? opts : { ...opts, inbound: new CopyBlocks() };
   return {
     open(socket, peer) {
-      const s = new PeerSession(socket, peer, opts, events);
+      const s = new PeerSession(socket, peer, shared, events);
       sessions.set(socket, s);
       onSession?.(s);
     },

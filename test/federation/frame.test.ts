@@ -1,4 +1,5 @@
 import { describe, expect, test } from "bun:test";
+import { CopyBlocks } from "../../src/bytes.ts";
 import { encodeFrame, FrameDecoder, FrameError, FrameType, HEADER_BYTES, type Frame } from "../../src/federation/frame.ts";
 import {
   ackFrame,
@@ -134,6 +135,34 @@ describe("frame codec", () => {
     for (let i = 0; i < all.length; i++) bytewise.push(...d.push(all.subarray(i, i + 1)));
     expect(bytewise).toEqual(whole);
     expect(d.buffered).toBe(0);
+  });
+
+  test("frames stay intact when the caller reuses its chunk, as a socket does its buffer; decoders may share blocks", () => {
+    const blocks = new CopyBlocks(256);
+    const d1 = new FrameDecoder(1 << 20, blocks);
+    const d2 = new FrameDecoder(1 << 20, blocks);
+    const socketBuffer = new Uint8Array(512);
+    const got: Frame[] = [];
+    let want = 0;
+    for (let i = 0; i < 40; i++) {
+      const bytes = batchFrame({ batch: i + 1, channel: "t.a", seqs: [i + 1], records: [new Uint8Array(20 + i * 3).fill(i)] });
+      // Each frame handed over in two pieces, through the same buffer, alternating decoders.
+      const d = i % 2 === 0 ? d1 : d2;
+      const cut = bytes.length >> 1;
+      socketBuffer.set(bytes.subarray(0, cut));
+      got.push(...d.push(socketBuffer.subarray(0, cut)));
+      socketBuffer.fill(0xee);
+      socketBuffer.set(bytes.subarray(cut));
+      got.push(...d.push(socketBuffer.subarray(0, bytes.length - cut)));
+      socketBuffer.fill(0xee);
+      want++;
+    }
+    expect(got.length).toBe(want);
+    got.forEach((f, i) => {
+      const b = parseBatch(f);
+      expect(b.batch).toBe(i + 1);
+      expect(b.records[0]).toEqual(new Uint8Array(20 + i * 3).fill(i));
+    });
   });
 
   test("the size limit is checked on the header, before the body is kept", () => {
