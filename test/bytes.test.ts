@@ -30,7 +30,7 @@ describe("CopyBlocks", () => {
     const parts = Array.from({ length: 5 }, (_, i) => blocks.copy(new Uint8Array(250).fill(10 + i)));
     expect(parts[4]!.buffer).not.toBe(a.buffer);
     expect([...a].every((x) => x === 1) && [...b].every((x) => x === 2)).toBe(true);
-    parts.forEach((p, i) => expect(p.every((x) => x === 10 + i)).toBe(true));
+    for (let i = 0; i < parts.length; i++) expect(parts[i]!.every((x) => x === 10 + i)).toBe(true);
     expect(Buffer.isBuffer(a) && Buffer.isBuffer(big)).toBe(true);
   });
 });
