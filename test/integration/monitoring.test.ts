@@ -82,8 +82,10 @@ describe("deploy/ monitoring files", () => {
     expect(boardText).toMatch(/keyop_disk_free_bytes \d+/);
     expect(boardText).toMatch(/keyop_federation_oldest_unacked_seconds\{.*priority="4"\} [\d.]+/);
     // The link that never connected shows its own backlog (its hold's), not the other link's.
-    const links = (await api(board, "GET", "/v1/status")).links;
-    expect(links.map((l: any) => l.backlog.find((b: any) => b.channel === "t.reading")?.messages).sort()).toEqual([0, 1]);
+    // (The connected link's count falls to 0 when the hub's acknowledgement arrives.)
+    const backlogs = async () => (await api(board, "GET", "/v1/status")).links.map((l: any) => l.backlog.find((b: any) => b.channel === "t.reading")?.messages).sort();
+    await waitFor(async () => (await backlogs()).join() === "0,1", "the connected link's backlog acknowledged", 10_000, 50);
+    expect(await backlogs()).toEqual([0, 1]);
 
     const dashboard = JSON.parse(readFileSync(join(DEPLOY, "grafana", "keyop.json"), "utf8"));
     const dashExprs: string[] = dashboard.panels.flatMap((p: any) => p.targets.map((t: any) => t.expr));
