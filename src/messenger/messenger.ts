@@ -283,9 +283,35 @@ export class Messenger {
     const log = open instanceof Promise ? await open : open;
     if (!this.policies.empty) await this.roomFor(log, body.length);
     const seq = await log.append(body);
+    if (!this.policies.empty) this.trimIfOver(log);
+    return this.published(channel, id, seq, ts, t0);
+  }
+
+  /**
+   * `publish` for a caller that knows nothing else is published in this
+   * turn (an MQTT publish alone in its read): when the channel's log is
+   * open and nothing waits ahead of it, the message is written before this
+   * returns, and the result comes back as it is rather than as a promise
+   * (no microtask, no turn of the event loop: at a board's rate, one
+   * message a wake-up, those were a visible part of its cost). Otherwise a
+   * promise, as from `publish`. Unlike `publish`, a message that cannot be
+   * built (bad label, too large) throws here rather than rejecting.
+   */
+  publishNow(channel: string, type: string, payload: unknown, opts?: PublishOptions): PublishResult | Promise<PublishResult> {
+    if (!this.policies.empty || isInbox(channel)) return this.publish(channel, type, payload, opts);
+    const log = this.logFor(channel);
+    if (log instanceof Promise) return this.publish(channel, type, payload, opts);
+    const { body, id, ts } = this.encode(channel, type, payload, opts);
+    const t0 = performance.now();
+    const seq = log.appendNow(body);
+    if (typeof seq !== "number") return seq.then((s) => this.published(channel, id, s, ts, t0));
+    return this.published(channel, id, seq, ts, t0);
+  }
+
+  /** Counts a stored publish and gives its result. */
+  private published(channel: string, id: string, seq: number, ts: number, t0: number): PublishResult {
     this.publishLatency.record(performance.now() - t0);
     this.countersOf(channel).published++;
-    if (!this.policies.empty) this.trimIfOver(log);
     return { id, seq, channel, ts };
   }
 

@@ -242,15 +242,24 @@ export class MqttSession implements SharedMember {
 
   /** Handles the first `n` waiting packets. */
   private handle(n: number): void {
+    this.alone = n === 1 && this.incoming.length === 1;
     try {
       for (let i = 0; i < n && !this.closed; i++) this.packet(this.incoming[i]!);
     } catch (err) {
       // Whatever a client sends, the process goes on: that connection ends.
       this.fail(`internal error: ${String(err)}`);
     } finally {
+      this.alone = false;
       this.incoming.splice(0, n);
     }
   }
+
+  /**
+   * The packet being handled is the only one of its read, with none waiting
+   * behind it: a publish may then be written at once. Publishes that come
+   * together are left to share one write.
+   */
+  private alone = false;
 
   private send(p: Packet): void {
     if (this.closed) return;
@@ -655,9 +664,24 @@ export class MqttSession implements SharedMember {
     // Stored at once, so that publishes in flight together share one group commit (the log keeps
     // their order); the acknowledgements go out in the order the publishes came, each once its
     // own write (and, for a retained one, the retained copy) is durable.
+    let stored: Promise<unknown> | undefined;
+    if (this.alone && qos < 2 && !p.retain && this.acks.length === 0) {
+      // Alone in its read with nothing before it unacknowledged: written now, and acknowledged at
+      // once when the write is done (a board's publish, one a wake-up).
+      try {
+        const r = this.host.messenger.publishNow(channel, this.host.cfg.payloadType, payload, { meta });
+        if (!(r instanceof Promise)) {
+          if (qos === 1) this.wire.write(pubackBytes(id!));
+          return;
+        }
+        stored = r;
+      } catch (err) {
+        stored = Promise.reject(err);
+      }
+    }
     const ack: PendingAck = { id, qos, done: false, error: undefined };
     this.acks.push(ack);
-    let stored: Promise<unknown> = this.host.messenger.publish(channel, this.host.cfg.payloadType, payload, { meta });
+    stored ??= this.host.messenger.publish(channel, this.host.cfg.payloadType, payload, { meta });
     if (p.retain) stored = stored.then(() => this.host.retained.set(channel, p.payload as Buffer, qos, metaOfPublish(props, Date.now())));
     // A QoS 2 packet id is taken from now until PUBREL (or until its write fails).
     if (qos === 2 && id !== undefined) this.qos2.set(id, stored);

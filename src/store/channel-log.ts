@@ -99,6 +99,42 @@ interface Pending {
   reject: (err: unknown) => void;
 }
 
+/** How one record of `appendNow` came out: its seq at once, or a promise of it when it is not settled yet. */
+class Outcome {
+  private seq = -1;
+  private error: unknown = undefined;
+  private failed = false;
+  private settle: { resolve: (seq: number) => void; reject: (err: unknown) => void } | null = null;
+
+  readonly resolve = (seq: number): void => {
+    if (this.settle) this.settle.resolve(seq);
+    else this.seq = seq;
+  };
+
+  readonly reject = (err: unknown): void => {
+    if (this.settle) this.settle.reject(err);
+    else {
+      this.failed = true;
+      this.error = err;
+    }
+  };
+
+  /** The seq if the record is settled, else a promise of it. */
+  now(): number | Promise<number> {
+    if (this.failed) return Promise.reject(this.error);
+    return this.seq >= 0 ? this.seq : this.later();
+  }
+
+  /** A promise of the seq (settled already or not). */
+  later(): Promise<number> {
+    if (this.failed) return Promise.reject(this.error);
+    if (this.seq >= 0) return Promise.resolve(this.seq);
+    return new Promise<number>((resolve, reject) => {
+      this.settle = { resolve, reject };
+    });
+  }
+}
+
 /** Commit listener: called after records [firstSeq, nextSeq) became visible. */
 export type CommitListener = (firstSeq: number, nextSeq: number) => void;
 
@@ -272,6 +308,35 @@ export class ChannelLog {
       this.queue.push({ body, at: performance.now(), resolve, reject });
       this.schedule();
     });
+  }
+
+  /**
+   * `append`, written before it returns when nothing waits ahead of it (no
+   * append queued or written this turn, no roll, fill or recovery due):
+   * then the seq itself once the record is as durable as the sync mode asks
+   * (with `always`, after an fdatasync made right here when none is in
+   * flight). Otherwise, or while that fdatasync's outcome is pending, a
+   * promise, as from `append`.
+   *
+   * For a caller that knows nothing else will be appended in this turn (a
+   * publish alone in its read): it skips the microtask, the promise and the
+   * turn a lone record otherwise waits for. A burst should keep using
+   * `append`, whose appends of one tick share a write.
+   */
+  appendNow(body: Uint8Array): number | Promise<number> {
+    if (this.closed || this.failure || this.queue.length > 0 || this.flushing || this.kickPending || this.turnPending) return this.append(body);
+    if (body.length === 0 || body.length > MAX_RECORD_BODY) return this.append(body);
+    const outcome = new Outcome();
+    const p: Pending = { body, at: performance.now(), resolve: outcome.resolve, reject: outcome.reject };
+    if (!this.writeNow([p])) {
+      this.queue.push(p);
+      this.schedule();
+      return outcome.later();
+    }
+    // As after a kick: appends made in the rest of this turn share the next write.
+    this.turnPending = true;
+    setImmediate(this.afterTurn);
+    return outcome.now();
   }
 
   /**

@@ -207,6 +207,48 @@ describe("MQTT listener, raw packets", () => {
     await waitFor(async () => (await stored("raw.turn")).length >= 3, "three messages");
     expect(await stored("raw.turn")).toEqual(["first", "second", "will"]);
   });
+
+  test("a QoS 1 publish alone in its read is stored and acknowledged before its read's callback returns; publishes read together wait for one shared write and are acknowledged in order", async () => {
+    const writes: Uint8Array[] = [];
+    const wire = { write: (b: Uint8Array) => (writes.push(b), true), writable: () => Promise.resolve(), end() {} };
+    const bytes = (...ps: Packet[]) => Buffer.concat(ps.map((p) => mqtt.generate(p)));
+    const pub = (id: number): Packet => ({ cmd: "publish", topic: "raw/alone", payload: Buffer.from(`m${id}`), qos: 1, messageId: id, retain: false, dup: false }) as Packet;
+    const acks = () => writes.filter((w) => w[0] === 0x40).map((w) => (w[2]! << 8) | w[3]!);
+    const next = () => t.agent.messenger.stats().channels.find((c) => c.channel === "raw.alone")?.nextSeq ?? 1;
+    const s = new MqttSession(t.agent.mqtt!, wire);
+    s.data(bytes(connect("alone")));
+    await waitFor(() => writes.some((w) => w[0] === 0x20), "CONNACK");
+    // The first publish creates the channel's log, which takes a while: acknowledged later.
+    s.data(bytes(pub(1)));
+    await waitFor(() => acks().length === 1, "the first PUBACK");
+    // A new segment's first fill of zeros runs ahead for a moment, and a write must wait for it;
+    // once it is done, a lone publish is written and acknowledged within its own callback.
+    let id = 1;
+    let atOnce = false;
+    const deadline = Date.now() + 10_000;
+    while (!atOnce && Date.now() < deadline) {
+      await new Promise((r) => setImmediate(r));
+      const seq = next();
+      s.data(bytes(pub(++id)));
+      atOnce = acks().length === id;
+      if (atOnce) expect(next()).toBe(seq + 1);
+      else await waitFor(() => acks().length === id, `PUBACK ${id}`);
+    }
+    expect(atOnce).toBe(true);
+    // Read in the same turn as the one before: it waits for the next turn's write.
+    s.data(bytes(pub(++id)));
+    expect(acks().length).toBe(id - 1);
+    await waitFor(() => acks().length === id, `PUBACK ${id}`);
+    await new Promise((r) => setImmediate(r));
+    s.data(bytes(pub(id + 1), pub(id + 2), pub(id + 3)));
+    expect(acks().length).toBe(id);
+    id += 3;
+    await waitFor(() => acks().length === id, "three PUBACKs");
+    const all = Array.from({ length: id }, (_, i) => i + 1);
+    expect(acks()).toEqual(all);
+    expect(await stored("raw.alone")).toEqual(all.map((i) => `m${i}`));
+    s.socketClosed();
+  });
 });
 
 describe("MQTT session expiry", () => {

@@ -116,6 +116,43 @@ describe("ChannelLog", () => {
     }
   });
 
+  test("appendNow: a lone record is written before it returns (its seq, not a promise); later ones in the same turn share the next write; order kept with append", async () => {
+    for (const sync of ["none", "interval", "always"] as const) {
+      const dir = join(tmpDir(), sync);
+      let fsyncs = 0;
+      // No preallocation: a fill running ahead would make a write wait for it (the next test).
+      const log = await ChannelLog.open("c", dir, opts({ sync, syncIntervalMs: 60_000, preallocateBytes: 0, onFsync: () => fsyncs++ }), { create: true });
+      const turn = () => new Promise((r) => setImmediate(r));
+      const first = log.appendNow(bodyOf(0));
+      if (sync === "always") {
+        // At once only after an fdatasync made right there; else once the one in flight is done.
+        if (typeof first === "number") expect(fsyncs).toBe(1);
+        expect(await first).toBe(1);
+      } else {
+        expect(first).toBe(1);
+        expect(log.nextSeq).toBe(2);
+      }
+      await turn();
+      const lone = log.appendNow(bodyOf(1));
+      if (sync !== "always") expect(lone).toBe(2);
+      // In the same turn: queued behind the write just made, as `append` would be.
+      const same = log.appendNow(bodyOf(2));
+      expect(same).toBeInstanceOf(Promise);
+      const queued = log.append(bodyOf(3));
+      const after = log.appendNow(bodyOf(4));
+      expect(after).toBeInstanceOf(Promise);
+      expect(await Promise.all([lone, same, queued, after])).toEqual([2, 3, 4, 5]);
+      await turn();
+      if (sync !== "always") expect(log.appendNow(bodyOf(5))).toBe(6);
+      else expect(await log.appendNow(bodyOf(5))).toBe(6);
+      await log.close();
+      await expect(Promise.resolve(log.appendNow(bodyOf(6)))).rejects.toMatchObject({ code: "closed" });
+      const re = await ChannelLog.open("c", dir, opts({ sync }));
+      expect((await readAll(re)).map((r) => r.text)).toEqual(Array.from({ length: 6 }, (_, i) => `record-${i}`));
+      await re.close();
+    }
+  });
+
   test("segments roll at segmentBytes, are named by first seq, and sealed ones are never rewritten", async () => {
     const dir = join(tmpDir(), "c");
     const log = await ChannelLog.open("c", dir, opts({ segmentBytes: 4096 }), { create: true });
@@ -422,6 +459,28 @@ describe("ChannelLog", () => {
     expect(again.nextSeq).toBe(n + 1);
     const all = await readAll(again);
     expect(all.map((r) => r.text)).toEqual(Array.from({ length: n }, (_, i) => `record-${i}${"x".repeat(200)}`));
+    await again.close();
+  });
+
+  test("appendNow while the space ahead is being zeroed: records that must wait for the fill come as promises, and none loses bytes to the zeros", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts({ sync: "none", preallocateBytes: 4096 }), { create: true });
+    const n = 1500;
+    let now = 0;
+    let waited = 0;
+    for (let i = 0; i < n; i++) {
+      const r = log.appendNow(bodyOf(i, 200));
+      if (typeof r === "number") now++;
+      else waited++;
+      expect(await r).toBe(i + 1);
+      await new Promise((res) => setImmediate(res));
+    }
+    expect(now).toBeGreaterThan(n / 2);
+    expect(waited).toBeGreaterThan(0);
+    await log.close();
+    const again = await ChannelLog.open("c", dir, opts({ sync: "none" }));
+    expect(again.health().damagedRecords).toBe(0);
+    expect((await readAll(again)).map((r) => r.text)).toEqual(Array.from({ length: n }, (_, i) => `record-${i}${"x".repeat(200)}`));
     await again.close();
   });
 

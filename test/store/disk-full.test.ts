@@ -1,7 +1,9 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { startTestAgent } from "../helpers.ts";
+import mqttPacket from "mqtt-packet";
+import { MqttSession } from "../../src/mqtt/session.ts";
+import { startTestAgent, waitFor } from "../helpers.ts";
 import { join } from "node:path";
 import { Messenger } from "../../src/index.ts";
 import { DiskFullError } from "../../src/errors.ts";
@@ -75,6 +77,53 @@ describe.skipIf(skipReason !== null)("disk full", () => {
     for (const f of (await import("node:fs")).readdirSync(mnt)) if (f.startsWith("fill")) rmSync(join(mnt, f));
     expect(m.stats().channels.find((c) => c.channel === "fill")!.nextSeq).toBe(acked.length + 2);
     await m.close();
+  });
+
+  test("over MQTT 5, publishes alone in their reads: PUBACK 0x97 once the disk is full, nothing partial stored, success again after space is freed", async () => {
+    rmSync(join(mnt, "data"), { recursive: true, force: true }); // the first test's log
+    const dir = join(mnt, "mqtt");
+    mkdirSync(dir);
+    const filler = join(mnt, "filler-mqtt");
+    writeFileSync(filler, new Uint8Array(1024 * 1024));
+    const a = await startTestAgent({ storage: { segment_bytes: "256KiB" }, mqtt: { listen: "127.0.0.1:0" } }, undefined, dir);
+    try {
+      const acks: { id: number; reason: number }[] = [];
+      const parser = mqttPacket.parser({ protocolVersion: 5 });
+      let connacked = false;
+      parser.on("packet", (p) => {
+        if (p.cmd === "connack") connacked = true;
+        if (p.cmd === "puback") acks.push({ id: p.messageId!, reason: (p as { reasonCode?: number }).reasonCode ?? 0 });
+      });
+      const wire = { write: (b: Uint8Array) => (parser.parse(Buffer.from(b)), true), writable: () => Promise.resolve(), end() {} };
+      const s = new MqttSession(a.agent.mqtt!, wire);
+      s.data(mqttPacket.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 5, clean: true, clientId: "full", keepalive: 0 } as mqttPacket.Packet, { protocolVersion: 5 }));
+      await waitFor(() => connacked, "CONNACK");
+      const payload = Buffer.alloc(8000, 0x7a);
+      let ok = 0;
+      for (let id = 1; id <= 1000; id++) {
+        s.data(mqttPacket.generate({ cmd: "publish", topic: "full", payload, qos: 1, messageId: id, retain: false, dup: false } as mqttPacket.Packet, { protocolVersion: 5 }));
+        await waitFor(() => acks.length === id, `PUBACK ${id}`);
+        // Each publish alone, in a turn of its own: the case that is written at once.
+        await new Promise((r) => setImmediate(r));
+        if (acks[id - 1]!.reason !== 0) break;
+        ok++;
+      }
+      expect(acks.at(-1)).toEqual({ id: ok + 1, reason: 0x97 });
+      expect(ok).toBeGreaterThan(10);
+      const pulled = (await (await a.call("GET", "/v1/channels/full/messages?subscriber=r&from=earliest&max=10000")).json()) as any;
+      expect(pulled.messages.length).toBe(ok);
+      rmSync(filler);
+      s.data(mqttPacket.generate({ cmd: "publish", topic: "full", payload: Buffer.from("after"), qos: 1, messageId: 2000, retain: false, dup: false } as mqttPacket.Packet, { protocolVersion: 5 }));
+      await waitFor(() => acks.at(-1)!.id === 2000, "PUBACK 2000");
+      expect(acks.at(-1)).toEqual({ id: 2000, reason: 0 });
+      const all = (await (await a.call("GET", "/v1/channels/full/messages?subscriber=r2&from=earliest&max=10000")).json()) as any;
+      expect(all.messages.length).toBe(ok + 1);
+      expect(all.messages.at(-1).seq).toBe(ok + 1);
+      s.socketClosed();
+    } finally {
+      await a.stop();
+      rmSync(dir, { recursive: true, force: true }); // room for the next test
+    }
   });
 
   test("over HTTP: 507 disk_full, reads keep working, 201 again after space is freed", async () => {
