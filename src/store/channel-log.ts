@@ -312,7 +312,8 @@ export class ChannelLog {
 
   /**
    * `append`, written before it returns when nothing waits ahead of it (no
-   * append queued or written this turn, no roll, fill or recovery due):
+   * append queued, nor, with `always`, written this turn; no roll, fill or
+   * recovery due):
    * then the seq itself once the record is as durable as the sync mode asks
    * (with `always`, after an fdatasync made right here when none is in
    * flight). Otherwise, or while that fdatasync's outcome is pending, a
@@ -333,9 +334,13 @@ export class ChannelLog {
       this.schedule();
       return outcome.later();
     }
-    // As after a kick: appends made in the rest of this turn share the next write.
-    this.turnPending = true;
-    setImmediate(this.afterTurn);
+    // With fdatasyncs, as after a kick: appends made in the rest of this turn share the next
+    // write and its fdatasync. Without, another lone record of this turn is written as this one
+    // was; the turn and its Immediate would cost every lone record more than they save.
+    if (this.opts.sync === "always") {
+      this.turnPending = true;
+      setImmediate(this.afterTurn);
+    }
     return outcome.now();
   }
 

@@ -116,7 +116,7 @@ describe("ChannelLog", () => {
     }
   });
 
-  test("appendNow: a lone record is written before it returns (its seq, not a promise); later ones in the same turn share the next write; order kept with append", async () => {
+  test("appendNow: a lone record is written before it returns (its seq, not a promise); with fdatasyncs later ones of the same turn share the next write; order kept with append", async () => {
     for (const sync of ["none", "interval", "always"] as const) {
       const dir = join(tmpDir(), sync);
       let fsyncs = 0;
@@ -135,9 +135,12 @@ describe("ChannelLog", () => {
       await turn();
       const lone = log.appendNow(bodyOf(1));
       if (sync !== "always") expect(lone).toBe(2);
-      // In the same turn: queued behind the write just made, as `append` would be.
+      // In the same turn: with fdatasyncs, queued behind the write just made, to share the next
+      // one, as `append` would be; without, written at once too.
       const same = log.appendNow(bodyOf(2));
-      expect(same).toBeInstanceOf(Promise);
+      if (sync === "always") expect(same).toBeInstanceOf(Promise);
+      else expect(same).toBe(3);
+      // Behind an append still queued: queued too, whatever the sync mode.
       const queued = log.append(bodyOf(3));
       const after = log.appendNow(bodyOf(4));
       expect(after).toBeInstanceOf(Promise);
