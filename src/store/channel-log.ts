@@ -33,6 +33,7 @@ import { TailCache } from "./tail-cache.ts";
 import { encodeRecords, MAX_RECORD_BODY, RECORD_HEADER_BYTES, type RawRecord } from "./record.ts";
 import { Segment, type Damage } from "./segment.ts";
 import { fsyncDir } from "./fsync-dir.ts";
+import { Outcome } from "./outcome.ts";
 
 /** How far an acknowledged append is from the platter. */
 export type SyncMode = "always" | "interval" | "none";
@@ -97,42 +98,6 @@ interface Pending {
   at: number;
   resolve: (seq: number) => void;
   reject: (err: unknown) => void;
-}
-
-/** How one record of `appendNow` came out: its seq at once, or a promise of it when it is not settled yet. */
-class Outcome {
-  private seq = -1;
-  private error: unknown = undefined;
-  private failed = false;
-  private settle: { resolve: (seq: number) => void; reject: (err: unknown) => void } | null = null;
-
-  readonly resolve = (seq: number): void => {
-    if (this.settle) this.settle.resolve(seq);
-    else this.seq = seq;
-  };
-
-  readonly reject = (err: unknown): void => {
-    if (this.settle) this.settle.reject(err);
-    else {
-      this.failed = true;
-      this.error = err;
-    }
-  };
-
-  /** The seq if the record is settled, else a promise of it. */
-  now(): number | Promise<number> {
-    if (this.failed) return Promise.reject(this.error);
-    return this.seq >= 0 ? this.seq : this.later();
-  }
-
-  /** A promise of the seq (settled already or not). */
-  later(): Promise<number> {
-    if (this.failed) return Promise.reject(this.error);
-    if (this.seq >= 0) return Promise.resolve(this.seq);
-    return new Promise<number>((resolve, reject) => {
-      this.settle = { resolve, reject };
-    });
-  }
 }
 
 /** Commit listener: called after records [firstSeq, nextSeq) became visible. */
