@@ -7,6 +7,7 @@ import { InvalidArgumentError, ReservedChannelError, TooLargeError } from "../er
 import { assertLabel, encodeEnvelope, type MessageMeta } from "./envelope.ts";
 import { assertChannel, isDeadLetter } from "./names.ts";
 import { scanEnvelope } from "./scan.ts";
+import { Utf8Bytes } from "./utf8-bytes.ts";
 
 /** What a publisher supplies, with its labels already resolved (options, context, defaults). */
 export interface NewMessage {
@@ -58,7 +59,7 @@ export function buildOnCheckedChannel(origin: string, m: NewMessage, maxBytes: n
   }
   if (body.length > maxBytes) throw new TooLargeError(`message of ${body.length} bytes exceeds the limit of ${maxBytes}`);
   // Text and bytes cannot nest or hold extensions, and the metadata was checked: nothing to find.
-  if (typeof m.payload === "string" || m.payload instanceof Uint8Array) return { body, id, ts };
+  if (typeof m.payload === "string" || m.payload instanceof Uint8Array || m.payload instanceof Utf8Bytes) return { body, id, ts };
   try {
     scanEnvelope(body);
   } catch (err) {

@@ -9,6 +9,7 @@
  */
 import { Packr } from "msgpackr";
 import { InvalidArgumentError } from "../errors.ts";
+import { Utf8Bytes } from "./utf8-bytes.ts";
 import { EnvelopeWriter } from "./writer.ts";
 
 /** Envelope format version written into every record. */
@@ -109,7 +110,7 @@ function snake(f: EnvelopeFields & { v?: number }, seq?: number): Record<string,
   if (f.serviceName !== undefined) out.service_name = f.serviceName;
   for (const [k, snakeKey] of META_KEYS) if (f[k] !== undefined) out[snakeKey] = f[k];
   out.route = f.route;
-  out.payload = f.payload === undefined ? null : f.payload;
+  out.payload = f.payload === undefined ? null : f.payload instanceof Utf8Bytes ? f.payload.toString() : f.payload;
   return out;
 }
 

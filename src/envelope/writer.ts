@@ -7,9 +7,11 @@
  * a Uint8Array of its own, of exact size.
  *
  * Only the shapes an envelope has are written here: strings, numbers,
- * booleans, bytes, the route and the headers. A payload of another type
+ * booleans, bytes, the route and the headers; a payload of `Utf8Bytes` is
+ * written as the str its text would be. A payload of another type
  * (an object from JSON) is handed to `packValue` and its bytes copied in.
  */
+import { Utf8Bytes } from "./utf8-bytes.ts";
 
 /** The bytes of one msgpack value (the caller's msgpack encoder, for payloads that are neither text nor bytes). */
 export type PackValue = (value: unknown) => Uint8Array;
@@ -75,6 +77,7 @@ export class EnvelopeWriter {
     let need = 64 + 3 * (slen(f.id) + slen(f.channel) + slen(f.origin) + slen(f.type));
     if (typeof p === "string") need += 3 * p.length;
     else if (p instanceof Uint8Array) need += p.length;
+    else if (p instanceof Utf8Bytes) need += p.bytes.length;
     else if (p !== undefined && p !== null) {
       packed = this.packValue(p);
       need += packed.length;
@@ -128,14 +131,24 @@ export class EnvelopeWriter {
     this.raw(K.payload);
     if (typeof p === "string") this.str(p);
     else if (p instanceof Uint8Array) this.bin(p);
+    else if (p instanceof Utf8Bytes) this.utf8(p.bytes);
     else if (packed) this.raw(packed);
     else this.buf[this.pos++] = 0xc0;
     return this.buf.slice(0, this.pos);
   }
 
   private raw(b: Uint8Array): true {
-    this.buf.set(b, this.pos);
-    this.pos += b.length;
+    const n = b.length;
+    if (n > 32) {
+      this.buf.set(b, this.pos);
+      this.pos += n;
+      return true;
+    }
+    // A key: a native copy's call costs more than the loop for a few bytes.
+    const buf = this.buf;
+    let at = this.pos;
+    for (let i = 0; i < n; i++) buf[at++] = b[i]!;
+    this.pos = at;
     return true;
   }
 
@@ -199,8 +212,10 @@ export class EnvelopeWriter {
     const n = s.length;
     const b = this.buf;
     if (n < 0x40) {
-      // At most 189 bytes: a fixstr or str8 header; written after two bytes, moved back one for a fixstr.
-      let at = this.pos + 2;
+      // At most 189 bytes: a fixstr or str8 header. Fewer than 32 UTF-16 units are written after a
+      // fixstr's byte (moved on by one in the rare case their UTF-8 needs str8), more after str8's two.
+      const start = n < 0x20 ? this.pos + 1 : this.pos + 2;
+      let at = start;
       for (let i = 0; i < n; i++) {
         let c = s.charCodeAt(i);
         if (c < 0x80) b[at++] = c;
@@ -223,12 +238,15 @@ export class EnvelopeWriter {
           b[at++] = (c & 0x3f) | 0x80;
         }
       }
-      const len = at - this.pos - 2;
+      const len = at - start;
       if (len < 0x20) {
         b[this.pos] = 0xa0 | len;
-        b.copyWithin(this.pos + 1, this.pos + 2, at);
-        this.pos = at - 1;
+        this.pos = at;
       } else {
+        if (start === this.pos + 1) {
+          b.copyWithin(this.pos + 2, start, at);
+          at++;
+        }
         b[this.pos] = 0xd9;
         b[this.pos + 1] = len;
         this.pos = at;
@@ -255,6 +273,27 @@ export class EnvelopeWriter {
       this.pos += 5 + len;
     }
     return true;
+  }
+
+  /** Bytes known to be valid UTF-8, as the str a string of them gets (the same header `str` picks). */
+  private utf8(v: Uint8Array): void {
+    const n = v.length;
+    const b = this.buf;
+    if (n < 0x20) b[this.pos++] = 0xa0 | n;
+    else if (n < 0x100) {
+      b[this.pos++] = 0xd9;
+      b[this.pos++] = n;
+    } else if (n < 0x10000) {
+      b[this.pos++] = 0xda;
+      b[this.pos++] = n >> 8;
+      b[this.pos++] = n & 0xff;
+    } else {
+      b[this.pos++] = 0xdb;
+      this.view.setUint32(this.pos, n);
+      this.pos += 4;
+    }
+    b.set(v, this.pos);
+    this.pos += n;
   }
 
   private bin(v: Uint8Array): true {

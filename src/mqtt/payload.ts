@@ -1,6 +1,8 @@
 /** MQTT payloads and the one packet written by hand, between the wire and the store. */
+import { isUtf8 } from "node:buffer";
 import { decodeValue } from "../envelope/envelope.ts";
 import type { EnvelopeView } from "../envelope/scan.ts";
+import { Utf8Bytes } from "../envelope/utf8-bytes.ts";
 
 /**
  * A PUBACK with success, written by hand: the one packet sent per QoS 1
@@ -11,15 +13,14 @@ export function pubackBytes(id: number): Uint8Array {
   return Uint8Array.of(0x40, 0x02, (id >> 8) & 0xff, id & 0xff);
 }
 
-const utf8 = new TextDecoder("utf-8", { fatal: true });
-
-/** MQTT payload bytes as stored: valid UTF-8 as a string (readable over HTTP), anything else as bytes. */
-export function payloadOf(bytes: Uint8Array): string | Uint8Array {
-  try {
-    return utf8.decode(bytes);
-  } catch {
-    return new Uint8Array(bytes);
-  }
+/**
+ * MQTT payload bytes as stored: valid UTF-8 as text (a msgpack str, readable
+ * over HTTP; its bytes copied as they are when the message is built, so
+ * `bytes` may be a view of a reused buffer until then), anything else as
+ * bytes (copied).
+ */
+export function payloadOf(bytes: Uint8Array): Utf8Bytes | Uint8Array {
+  return isUtf8(bytes) ? new Utf8Bytes(bytes) : new Uint8Array(bytes);
 }
 
 /** A stored payload as MQTT bytes: bytes unchanged, strings as UTF-8, anything else as JSON. */

@@ -1,6 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { Packr } from "msgpackr";
 import { decodeEnvelope, encodeEnvelope, type EnvelopeFields } from "../../src/envelope/envelope.ts";
+import { Utf8Bytes } from "../../src/envelope/utf8-bytes.ts";
 import { EnvelopeWriter } from "../../src/envelope/writer.ts";
 
 type EnvelopeBodyFields = EnvelopeFields & { v?: number };
@@ -134,6 +135,37 @@ describe("envelope writer", () => {
     }
     // Most of them go the fast way; the ones left to msgpackr are the large ones.
     expect(written).toBeGreaterThan(4000);
+  });
+
+  test("a text payload given as its UTF-8 bytes is written as the same str its string gets (5,000 random envelopes)", () => {
+    const r = rng(23);
+    const encoder = new TextEncoder();
+    let compared = 0;
+    for (let i = 0; i < 5000; i++) {
+      const f = gen(r);
+      if (typeof f.payload !== "string") continue;
+      // The bytes a string encodes to (a lone surrogate as U+FFFD, as the writer writes it), in a view
+      // of a larger buffer as a socket's read would hold them.
+      const b = encoder.encode(f.payload);
+      const wire = new Uint8Array(b.length + 10);
+      wire.set(b, 7);
+      // (Bytes are sized exactly where a string is sized at 3 bytes a unit: some fit only as bytes.)
+      const mine = writer.write({ ...f, payload: new Utf8Bytes(wire.subarray(7, 7 + b.length)) }, 1);
+      if (mine === null) continue;
+      const want = writer.write(f, 1) ?? reference(f, 1);
+      compared++;
+      if (Buffer.compare(Buffer.from(mine!), Buffer.from(want)) !== 0) throw new Error(`envelope ${i} differs: ${JSON.stringify(f).slice(0, 300)}`);
+    }
+    expect(compared).toBeGreaterThan(500);
+  });
+
+  test("a text payload as bytes too large for the writer goes to msgpackr as its string, and reads back as that string", () => {
+    const text = "é".repeat(20_000);
+    const f = { id: "i", ts: 1, channel: "c", origin: "o", type: "t", route: ["o"], payload: new Utf8Bytes(Buffer.from(text)) };
+    expect(writer.write(f, 1)).toBeNull();
+    const body = encodeEnvelope(f);
+    expect(Buffer.from(body).equals(Buffer.from(reference({ ...f, payload: text }, 1)))).toBe(true);
+    expect(decodeEnvelope(body, 1).payload).toBe(text);
   });
 
   test("a body is a copy of its own: the next write does not change it", () => {
