@@ -53,7 +53,7 @@ export function buildOnCheckedChannel(origin: string, m: NewMessage, maxBytes: n
   const ts = Date.now();
   let body: Uint8Array;
   try {
-    body = encodeEnvelope({ id, ts, channel: m.channel, origin, type: m.type, correlationId: m.correlationId, serviceName: m.serviceName, ...m.meta, route: [origin], payload: m.payload });
+    body = encodeEnvelope({ id, ts, channel: m.channel, origin, type: m.type, correlationId: m.correlationId, serviceName: m.serviceName, route: [origin], payload: m.payload }, m.meta);
   } catch (err) {
     throw new InvalidArgumentError(`payload cannot be encoded as msgpack: ${err instanceof Error ? err.message : String(err)}`);
   }

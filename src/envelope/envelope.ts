@@ -117,9 +117,12 @@ function snake(f: EnvelopeFields & { v?: number }, seq?: number): Record<string,
 /** The envelope's fields written by hand; msgpackr for the rest and the envelopes too large for its buffer. */
 const writer = new EnvelopeWriter((value) => packr.pack(value));
 
-/** Encodes the stored body of an envelope (everything but `seq`). */
-export function encodeEnvelope(f: EnvelopeFields & { v?: number }): Uint8Array {
-  return writer.write(f, f.v ?? ENVELOPE_VERSION) ?? packr.pack(snake(f));
+/**
+ * Encodes the stored body of an envelope (everything but `seq`); with
+ * `meta`, its fields are the metadata (`f`'s own are then not read).
+ */
+export function encodeEnvelope(f: EnvelopeFields & { v?: number }, meta?: MessageMeta): Uint8Array {
+  return writer.write(f, f.v ?? ENVELOPE_VERSION, meta) ?? packr.pack(snake(meta ? { ...f, ...meta } : f));
 }
 
 /**

@@ -68,10 +68,13 @@ export class EnvelopeWriter {
   /**
    * The body of `f`, or null when it does not fit the scratch buffer or a
    * field is not of its type (the caller then encodes it the general way,
-   * which gives the same bytes or the same error).
+   * which gives the same bytes or the same error). The metadata fields are
+   * read from `meta` when it is given (a publish's, not copied into `fields`
+   * first), else from `fields`.
    */
-  write(fields: object, v: number): Uint8Array | null {
+  write(fields: object, v: number, meta?: object): Uint8Array | null {
     const f = fields as Fields;
+    const m = (meta ?? fields) as Fields;
     const p = f.payload;
     let packed: Uint8Array | null = null;
     let need = 64 + 3 * (slen(f.id) + slen(f.channel) + slen(f.origin) + slen(f.type));
@@ -89,15 +92,15 @@ export class EnvelopeWriter {
     let entries = 8;
     if (f.correlationId !== undefined) entries++;
     if (f.serviceName !== undefined) entries++;
-    if (f.expires !== undefined) entries++;
-    if (f.contentType !== undefined) entries++;
-    if (f.replyTo !== undefined) entries++;
-    if (f.correlationData !== undefined) entries++;
-    if (f.headers !== undefined) entries++;
-    if (f.utf8 !== undefined) entries++;
-    if (f.retain !== undefined) entries++;
-    if (f.publisher !== undefined) entries++;
-    if (f.qos !== undefined) entries++;
+    if (m.expires !== undefined) entries++;
+    if (m.contentType !== undefined) entries++;
+    if (m.replyTo !== undefined) entries++;
+    if (m.correlationData !== undefined) entries++;
+    if (m.headers !== undefined) entries++;
+    if (m.utf8 !== undefined) entries++;
+    if (m.retain !== undefined) entries++;
+    if (m.publisher !== undefined) entries++;
+    if (m.qos !== undefined) entries++;
     // A map16 header whatever the count, as msgpackr writes every plain object.
     this.buf[0] = 0xde;
     this.buf[1] = 0;
@@ -117,15 +120,15 @@ export class EnvelopeWriter {
     if (!this.str(f.type)) return null;
     if (f.correlationId !== undefined && !(this.raw(K.correlationId) && this.str(f.correlationId))) return null;
     if (f.serviceName !== undefined && !(this.raw(K.serviceName) && this.str(f.serviceName))) return null;
-    if (f.expires !== undefined && !(this.raw(K.expires) && this.num(f.expires))) return null;
-    if (f.contentType !== undefined && !(this.raw(K.contentType) && this.small(f.contentType))) return null;
-    if (f.replyTo !== undefined && !(this.raw(K.replyTo) && this.small(f.replyTo))) return null;
-    if (f.correlationData !== undefined && !(this.raw(K.correlationData) && this.small(f.correlationData))) return null;
-    if (f.headers !== undefined && !(this.raw(K.headers) && this.headers(f.headers))) return null;
-    if (f.utf8 !== undefined && !(this.raw(K.utf8) && this.bool(f.utf8))) return null;
-    if (f.retain !== undefined && !(this.raw(K.retain) && this.bool(f.retain))) return null;
-    if (f.publisher !== undefined && !(this.raw(K.publisher) && this.small(f.publisher))) return null;
-    if (f.qos !== undefined && !(this.raw(K.qos) && this.num(f.qos))) return null;
+    if (m.expires !== undefined && !(this.raw(K.expires) && this.num(m.expires))) return null;
+    if (m.contentType !== undefined && !(this.raw(K.contentType) && this.small(m.contentType))) return null;
+    if (m.replyTo !== undefined && !(this.raw(K.replyTo) && this.small(m.replyTo))) return null;
+    if (m.correlationData !== undefined && !(this.raw(K.correlationData) && this.small(m.correlationData))) return null;
+    if (m.headers !== undefined && !(this.raw(K.headers) && this.headers(m.headers))) return null;
+    if (m.utf8 !== undefined && !(this.raw(K.utf8) && this.bool(m.utf8))) return null;
+    if (m.retain !== undefined && !(this.raw(K.retain) && this.bool(m.retain))) return null;
+    if (m.publisher !== undefined && !(this.raw(K.publisher) && this.small(m.publisher))) return null;
+    if (m.qos !== undefined && !(this.raw(K.qos) && this.num(m.qos))) return null;
     this.raw(K.route);
     if (!this.strings(f.route)) return null;
     this.raw(K.payload);

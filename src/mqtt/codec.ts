@@ -111,14 +111,38 @@ const PINGREQ = 12;
  * mqtt-packet. Throws MqttFrameError for a PUBLISH whose properties are
  * malformed or not allowed.
  */
-export function decodeFast(f: Frame, version: number): Packet | null {
-  if (f.type === PUBLISH) return decodePublish(f, version);
+export function decodeFast(f: Frame, version: number, topics?: LastTopic): Packet | null {
+  if (f.type === PUBLISH) return decodePublish(f, version, topics);
   if (f.type === PUBACK && f.body.length === 2 && f.flags === 0) return { cmd: "puback", messageId: (f.body[0]! << 8) | f.body[1]! } as Packet;
   if (f.type === PINGREQ && f.body.length === 0 && f.flags === 0) return { cmd: "pingreq" };
   return null;
 }
 
-function decodePublish(f: Frame, version: number): Publish | null {
+/**
+ * The topic of a connection's last PUBLISH, as bytes and as its string: a
+ * client that publishes on the same topic again gets the same string back,
+ * compared byte for byte rather than decoded again.
+ */
+export class LastTopic {
+  private bytes = new Uint8Array(0);
+  private text = "";
+
+  /** The topic in `b` from `start` to `end`, as UTF-8 (what cannot be decoded as U+FFFD, as Buffer does). */
+  of(b: Buffer, start: number, end: number): string {
+    const n = end - start;
+    const last = this.bytes;
+    if (n === last.length) {
+      let i = 0;
+      while (i < n && b[start + i] === last[i]) i++;
+      if (i === n) return this.text;
+    }
+    this.bytes = new Uint8Array(b.subarray(start, end));
+    this.text = b.toString("utf8", start, end);
+    return this.text;
+  }
+}
+
+function decodePublish(f: Frame, version: number, topics: LastTopic | undefined): Publish | null {
   const qos = (f.flags >> 1) & 3;
   if (qos === 3) return null;
   const b = f.body;
@@ -126,7 +150,7 @@ function decodePublish(f: Frame, version: number): Publish | null {
   const topicLen = (b[0]! << 8) | b[1]!;
   let at = 2 + topicLen;
   if (at > b.length) return null;
-  const topic = b.toString("utf8", 2, at);
+  const topic = topics ? topics.of(b, 2, at) : b.toString("utf8", 2, at);
   let messageId: number | undefined;
   if (qos > 0) {
     if (at + 2 > b.length) return null;

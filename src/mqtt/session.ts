@@ -14,7 +14,7 @@ import type { Messenger } from "../messenger/messenger.ts";
 import type { StoredEnvelope } from "../messenger/durable-subscriber.ts";
 import { Window } from "../messenger/window.ts";
 import { payloadOf, pubackBytes, storedPayload } from "./payload.ts";
-import { decodeFast, encodePublish, type Frame, MqttFramer, MqttFrameError, type Publish, publishSize } from "./codec.ts";
+import { decodeFast, encodePublish, type Frame, LastTopic, MqttFramer, MqttFrameError, type Publish, publishSize } from "./codec.ts";
 import { encodePublishProperties, fromPacketProperties, metaOfPublish, publishPropertiesOf, type PublishProperties } from "./properties.ts";
 import { MqttSubscription, type SentFrom, type SubscriptionOptions } from "./subscription.ts";
 import { type SharedMembership, SharedSubscriptions, type SharedMember } from "./shared.ts";
@@ -141,6 +141,7 @@ export class MqttSession implements SharedMember {
   private readonly wire: Wire;
   private readonly parser: ReturnType<typeof mqtt.parser>;
   private readonly framer: MqttFramer;
+  private readonly lastTopic = new LastTopic();
   private version: 3 | 4 | 5 = 4;
   private clientId = "";
   /** The client id's UTF-8, to tell its own publishes (no local). */
@@ -211,7 +212,7 @@ export class MqttSession implements SharedMember {
       // The message path's packets by hand once connected; the rest (and a CONNECT's version) by mqtt-packet.
       let p: Packet | null;
       try {
-        p = this.connected ? decodeFast(f, this.version) : null;
+        p = this.connected ? decodeFast(f, this.version, this.lastTopic) : null;
       } catch (err) {
         return this.fail((err as Error).message, err instanceof MqttFrameError ? err.reason : 0x81);
       }

@@ -168,6 +168,29 @@ describe("envelope writer", () => {
     expect(decodeEnvelope(body, 1).payload).toBe(text);
   });
 
+  test("metadata given apart from the other fields is written as if it were among them (2,000 random envelopes)", () => {
+    const r = rng(29);
+    const metaKeys = ["expires", "contentType", "replyTo", "correlationData", "headers", "utf8", "retain", "publisher", "qos"] as const;
+    let withMeta = 0;
+    for (let i = 0; i < 2000; i++) {
+      const f = gen(r);
+      const rest: Record<string, unknown> = { ...f };
+      const meta: Record<string, unknown> = {};
+      for (const k of metaKeys) {
+        if (f[k] !== undefined) meta[k] = f[k];
+        delete rest[k];
+      }
+      if (Object.keys(meta).length > 0) withMeta++;
+      const apart = writer.write(rest, 1, meta);
+      const together = writer.write(f, 1);
+      expect(apart === null).toBe(together === null);
+      if (apart && together && Buffer.compare(Buffer.from(apart), Buffer.from(together)) !== 0) throw new Error(`envelope ${i} differs`);
+      // The general way (msgpackr) too, for what the writer leaves to it.
+      if (!apart && Buffer.compare(Buffer.from(encodeEnvelope(rest as unknown as EnvelopeBodyFields, meta)), Buffer.from(encodeEnvelope(f))) !== 0) throw new Error(`envelope ${i} differs`);
+    }
+    expect(withMeta).toBeGreaterThan(1000);
+  });
+
   test("a body is a copy of its own: the next write does not change it", () => {
     const f = gen(rng(7));
     f.payload = "first";

@@ -6,7 +6,7 @@
  */
 import { describe, expect, test } from "bun:test";
 import mqtt, { type Packet } from "mqtt-packet";
-import { decodeFast, encodePublish, MqttFrameError, MqttFramer, type Publish } from "../../src/mqtt/codec.ts";
+import { decodeFast, encodePublish, LastTopic, MqttFrameError, MqttFramer, type Publish } from "../../src/mqtt/codec.ts";
 import { encodePublishProperties, readPublishProperties } from "../../src/mqtt/properties.ts";
 
 /** mqtt-packet's reading of `bytes` (one whole packet), with the protocol version set. */
@@ -92,6 +92,27 @@ describe("MqttFramer", () => {
 
   test("refuses a remaining length of more than 4 bytes", () => {
     expect(() => new MqttFramer(1 << 30).feed(Buffer.from([0x30, 0xff, 0xff, 0xff, 0xff, 0x01]))).toThrow(MqttFrameError);
+  });
+});
+
+describe("LastTopic", () => {
+  test("gives the decoded topic, the same string again for the same bytes, and a new one for any other", () => {
+    const last = new LastTopic();
+    const at = (topic: Buffer | string) => {
+      const b = Buffer.concat([Buffer.from([1, 2, 3]), Buffer.from(topic), Buffer.from([9])]);
+      return last.of(b, 3, b.length - 1);
+    };
+    const seq = ["a/b", "a/b", "a/c", "a/b", "", "", "é/€", "é/€", "a/bc", "a/b", "x".repeat(300), "x".repeat(299) + "y"];
+    for (const t of seq) expect(at(t)).toBe(t);
+    // The bytes are kept as a copy: the read's buffer changing afterwards does not change the next answer.
+    const b = Buffer.from("s/t");
+    expect(last.of(b, 0, 3)).toBe("s/t");
+    b[2] = 0x75;
+    expect(last.of(b, 0, 3)).toBe("s/u");
+    // Bytes that are not UTF-8 read as Buffer reads them.
+    const bad = Buffer.from([0x61, 0xff, 0x62]);
+    expect(last.of(bad, 0, 3)).toBe(bad.toString("utf8"));
+    expect(last.of(Buffer.from([0x61, 0xfe, 0x62]), 0, 3)).toBe(Buffer.from([0x61, 0xfe, 0x62]).toString("utf8"));
   });
 });
 
