@@ -65,16 +65,18 @@ function u32(r: Reader): number {
   return v;
 }
 
+/** Latin-1 is ASCII for the bytes `ascii` lets through: one native call for the whole string. */
+const latin1Slice = (Buffer.prototype as unknown as { latin1Slice(this: Uint8Array, start: number, end: number): string }).latin1Slice;
+
 function ascii(r: Reader, len: number): string | typeof NOPE {
   const { b } = r;
   if (len < 0 || r.pos + len > b.length) return NOPE;
-  let s = "";
-  for (let i = r.pos; i < r.pos + len; i++) {
-    const c = b[i]!;
-    if (c >= 0x80) return NOPE;
-    s += String.fromCharCode(c);
-  }
-  r.pos += len;
+  const end = r.pos + len;
+  for (let i = r.pos; i < end; i++) if (b[i]! >= 0x80) return NOPE;
+  // A key of one letter is a string JSC keeps already; a longer string (a channel) built a char
+  // at a time is a rope, flattened again by the first lookup.
+  const s = len === 1 ? String.fromCharCode(b[r.pos]!) : latin1Slice.call(b, r.pos, end);
+  r.pos = end;
   return s;
 }
 
