@@ -280,43 +280,37 @@ export class EnvelopeWriter {
 
   /** Bytes known to be valid UTF-8, as the str a string of them gets (the same header `str` picks). */
   private utf8(v: Uint8Array): void {
-    const n = v.length;
-    const b = this.buf;
-    if (n < 0x20) b[this.pos++] = 0xa0 | n;
-    else if (n < 0x100) {
-      b[this.pos++] = 0xd9;
-      b[this.pos++] = n;
-    } else if (n < 0x10000) {
-      b[this.pos++] = 0xda;
-      b[this.pos++] = n >> 8;
-      b[this.pos++] = n & 0xff;
-    } else {
-      b[this.pos++] = 0xdb;
-      this.view.setUint32(this.pos, n);
-      this.pos += 4;
-    }
-    b.set(v, this.pos);
-    this.pos += n;
+    if (v.length < 0x20) this.buf[this.pos++] = 0xa0 | v.length;
+    else this.sized(v.length, 0xd9);
+    this.bytes(v);
   }
 
   private bin(v: Uint8Array): true {
-    const n = v.length;
+    this.sized(v.length, 0xc4);
+    this.bytes(v);
+    return true;
+  }
+
+  /** The header of a str or bin of `n` bytes: `type8`, then the 16- and 32-bit types that follow it. */
+  private sized(n: number, type8: number): void {
     const b = this.buf;
     if (n < 0x100) {
-      b[this.pos++] = 0xc4;
+      b[this.pos++] = type8;
       b[this.pos++] = n;
     } else if (n < 0x10000) {
-      b[this.pos++] = 0xc5;
+      b[this.pos++] = type8 + 1;
       b[this.pos++] = n >> 8;
       b[this.pos++] = n & 0xff;
     } else {
-      b[this.pos++] = 0xc6;
+      b[this.pos++] = type8 + 2;
       this.view.setUint32(this.pos, n);
       this.pos += 4;
     }
-    b.set(v, this.pos);
-    this.pos += n;
-    return true;
+  }
+
+  private bytes(v: Uint8Array): void {
+    this.buf.set(v, this.pos);
+    this.pos += v.length;
   }
 
   private arrayHeader(n: number): void {
