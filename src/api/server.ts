@@ -173,11 +173,14 @@ export class ApiServer {
     const url = new URL(req.url);
     const m = this.opts.messenger;
     const raw = url.pathname.split("/").slice(1);
-    let seg: string[];
-    try {
-      seg = raw.map(decodeURIComponent);
-    } catch {
-      throw new BadRequestError("path is not valid percent-encoding");
+    let seg = raw;
+    // (Most paths hold no escape at all: nothing to decode, segment by segment.)
+    if (url.pathname.includes("%")) {
+      try {
+        seg = raw.map(decodeURIComponent);
+      } catch {
+        throw new BadRequestError("path is not valid percent-encoding");
+      }
     }
     const method = req.method;
     const p = seg.join("/");

@@ -21,6 +21,7 @@ describe("POST /v1/channels/{channel}/messages", () => {
     const body = (await r.json()) as any;
     expect(Object.keys(body).sort()).toEqual(["channel", "id", "seq", "ts"]);
     expect(body).toMatchObject({ channel: "sensors.temp", seq: 1 });
+    expect(r.headers.get("content-type")).toMatch(/^application\/json(;|$)/);
     const [m] = await pullAll("sensors.temp", "check1");
     expect(m).toMatchObject({ id: body.id, seq: 1, type: "reading", payload: { c: 21.5 }, correlation_id: "c-1", service_name: "probe", origin: "test-agent", route: ["test-agent"] });
   });
@@ -73,6 +74,13 @@ describe("POST /v1/channels/{channel}/messages", () => {
     expect(msgs.slice(1).map((m) => m.payload)).toEqual([1, 2]);
   });
 
+  test("a channel written with percent escapes is the channel they spell", async () => {
+    const r = await a.call("POST", "/v1/channels/esc%2Ea%2dB/messages", JSON.stringify({ type: "t", payload: 1 }));
+    expect(r.status).toBe(201);
+    expect(((await r.json()) as any).channel).toBe("esc.a-B");
+    expect((await pullAll("esc.a-B", "c")).map((m) => m.payload)).toEqual([1]);
+  });
+
   const bad: [string, string, string | Uint8Array, Record<string, string>, number, string][] = [
     ["bad JSON", "/v1/channels/x/messages", "{nope", {}, 400, "bad_request"],
     ["not an object", "/v1/channels/x/messages", "[1,2]", {}, 400, "bad_request"],
@@ -80,6 +88,7 @@ describe("POST /v1/channels/{channel}/messages", () => {
     ["unknown field", "/v1/channels/x/messages", '{"type":"t","payloads":1}', {}, 400, "bad_request"],
     ["bad channel", "/v1/channels/a..b/messages", '{"type":"t"}', {}, 400, "invalid_channel"],
     ["traversal", "/v1/channels/..%2F..%2Fetc/messages", '{"type":"t"}', {}, 400, "invalid_channel"],
+    ["bad escape", "/v1/channels/a%E0%A4%A/messages", '{"type":"t"}', {}, 400, "bad_request"],
     ["traversal dots", "/v1/channels/../messages", '{"type":"t"}', {}, 404, "not_found"],
     ["pattern on publish", "/v1/channels/a.*/messages", '{"type":"t"}', {}, 400, "invalid_channel"],
     ["dead-letter channel", "/v1/channels/a.dead-letter/messages", '{"type":"t"}', {}, 400, "reserved_channel"],
