@@ -62,6 +62,32 @@ export class CopyBlocks {
   }
 }
 
+/**
+ * One buffer reused for bytes that are written out before anything else
+ * runs (a batch of records and its positioned write): a write of a few
+ * records otherwise allocated an array for them, and one past
+ * SMALL_BYTES an ArrayBuffer that a later collection had to finalize.
+ */
+export class Scratch {
+  private readonly max: number;
+  private buf: Uint8Array = new Uint8Array(0);
+
+  /** `max`: the largest buffer kept; a larger request gets an array of its own. */
+  constructor(max = 1024 * 1024) {
+    this.max = max;
+  }
+
+  /**
+   * At least `n` bytes, not zeroed, valid only until the next call: fill
+   * them and write them out before anything else may take the buffer.
+   */
+  take(n: number): Uint8Array {
+    if (n > this.max) return uninitialized(n);
+    if (this.buf.length < n) this.buf = uninitialized(Math.min(this.max, Math.max(n, this.buf.length * 2, 4 * SMALL_BYTES)));
+    return this.buf;
+  }
+}
+
 /** Writes `v` (0 .. 0xffff) big-endian at `at`. */
 export function setU16BE(b: Uint8Array, at: number, v: number): void {
   b[at] = v >>> 8;

@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { CopyBlocks } from "../src/bytes.ts";
+import { CopyBlocks, Scratch } from "../src/bytes.ts";
 
 describe("CopyBlocks", () => {
   test("copies are equal to their chunks and stay so when the chunk is reused, across blocks", () => {
@@ -32,5 +32,26 @@ describe("CopyBlocks", () => {
     expect([...a].every((x) => x === 1) && [...b].every((x) => x === 2)).toBe(true);
     for (let i = 0; i < parts.length; i++) expect(parts[i]!.every((x) => x === 10 + i)).toBe(true);
     expect(Buffer.isBuffer(a) && Buffer.isBuffer(big)).toBe(true);
+  });
+});
+
+describe("Scratch", () => {
+  test("hands back one buffer while requests fit, grows it, and gives a request over the limit an array of its own", () => {
+    const s = new Scratch(64 * 1024);
+    const a = s.take(100);
+    expect(a.length).toBeGreaterThanOrEqual(100);
+    expect(s.take(a.length)).toBe(a);
+    const grown = s.take(a.length + 1);
+    expect(grown).not.toBe(a);
+    expect(grown.length).toBeGreaterThanOrEqual(a.length + 1);
+    expect(s.take(10)).toBe(grown);
+    const full = s.take(64 * 1024);
+    expect(full.length).toBe(64 * 1024);
+    // Over the limit: a new array each time, and the kept one stays.
+    const big = s.take(64 * 1024 + 1);
+    expect(big.length).toBe(64 * 1024 + 1);
+    expect(big).not.toBe(full);
+    expect(s.take(64 * 1024 + 1)).not.toBe(big);
+    expect(s.take(1)).toBe(full);
   });
 });

@@ -24,13 +24,14 @@
  */
 import { open, unlink, type FileHandle } from "node:fs/promises";
 import { fdatasyncSync, ftruncateSync, writeSync } from "node:fs";
+import { Scratch, uninitialized } from "../bytes.ts";
 import { ClosedError, ioErrorFrom, LogUnavailableError, TooLargeError, type KeyopError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
 import { listSegments, recoverActiveSegment } from "./recovery.ts";
 import { sealAtDurableEnd } from "./reseal.ts";
 import { Preallocator } from "./preallocator.ts";
 import { TailCache } from "./tail-cache.ts";
-import { encodeRecords, MAX_RECORD_BODY, RECORD_HEADER_BYTES, type RawRecord } from "./record.ts";
+import { MAX_RECORD_BODY, RECORD_HEADER_BYTES, type RawRecord, recordsBytes, writeRecords } from "./record.ts";
 import { Segment, type Damage } from "./segment.ts";
 import { fsyncDir } from "./fsync-dir.ts";
 import { Outcome } from "./outcome.ts";
@@ -52,6 +53,8 @@ export interface ChannelLogOptions {
   preallocateBytes?: number;
   /** fdatasyncs allowed in flight at once (default PIPELINE_DEPTH). */
   pipelineDepth?: number;
+  /** Where records are encoded for a write that nothing keeps (the logs of one store share one; default: the log's own). */
+  scratch?: Scratch;
 }
 
 /** What retention may remove and what it must keep. */
@@ -134,6 +137,7 @@ export class ChannelLog {
   readonly dir: string;
   private readonly opts: ChannelLogOptions;
   private readonly prealloc: Preallocator;
+  private readonly scratch: Scratch;
   private readonly depth: number;
   private segments: Segment[];
   private queue: Pending[] = [];
@@ -198,6 +202,7 @@ export class ChannelLog {
     this.dir = dir;
     this.opts = opts;
     this.prealloc = new Preallocator(opts.preallocateBytes ?? PREALLOCATE_BYTES, opts.segmentBytes);
+    this.scratch = opts.scratch ?? new Scratch();
     this.tail = new TailCache(opts.tailCacheBytes);
     this.depth = Math.max(1, opts.pipelineDepth ?? PIPELINE_DEPTH);
     this.segments = segments;
@@ -474,20 +479,23 @@ export class ChannelLog {
     // From here to the epoch taken below nothing awaits: no write lands behind a failure unseen.
     if (this.needReseal) return false;
     const firstSeq = this.writeSeq;
-    const buf = encodeRecords(
-      firstSeq,
-      chunk.map((p) => p.body),
-    );
+    const bodies = chunk.map((p) => p.body);
+    // Under `interval` the records stay in memory until an fdatasync covers them; otherwise they
+    // are done with once written, and go through the reused buffer.
+    const keep = this.opts.sync === "interval";
+    const bytes = recordsBytes(bodies);
+    const buf = keep ? uninitialized(bytes) : this.scratch.take(bytes);
+    writeRecords(buf, firstSeq, bodies);
     const pos = this.writeEnd;
     try {
       let done = 0;
-      while (done < buf.length) done += writeSync(fh.fd, buf, done, buf.length - done, pos + done);
+      while (done < bytes) done += writeSync(fh.fd, buf, done, bytes - done, pos + done);
     } catch (err) {
       // Nothing partial may stay behind: cut the file back to what was written before.
       if (!this.cutTo(seg, fh.fd, pos)) this.syncFailed(err, "cut back a failed write");
       throw err;
     }
-    this.writeEnd = pos + buf.length;
+    this.writeEnd = pos + bytes;
     this.writeSeq = firstSeq + chunk.length;
     // Without preallocation (or when it failed) the records themselves grew the file.
     if (this.writeEnd > seg.allocated) seg.allocated = this.writeEnd;

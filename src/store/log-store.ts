@@ -7,6 +7,7 @@
  */
 import { mkdir, readdir } from "node:fs/promises";
 import { join } from "node:path";
+import { Scratch } from "../bytes.ts";
 import { assertChannel, channelProblem } from "../envelope/names.ts";
 import { ioErrorFrom } from "../errors.ts";
 import { ChannelLog, type ChannelLogOptions } from "./channel-log.ts";
@@ -34,7 +35,8 @@ export class LogStore {
   private constructor(dataDir: string, opts: LogStoreOptions, lock: DirLock) {
     this.dataDir = dataDir;
     this.channelsDir = join(dataDir, "channels");
-    this.opts = opts;
+    // One buffer for the record writes of every log: they run one at a time on this thread.
+    this.opts = opts.scratch ? opts : { ...opts, scratch: new Scratch() };
     this.lock = lock;
   }
 

@@ -45,13 +45,24 @@ export function writeRecord(buf: Uint8Array, offset: number, seq: number, body: 
   return offset + RECORD_HEADER_BYTES + body.length;
 }
 
-/** Encodes records with consecutive seqs from `firstSeq` into one buffer. */
-export function encodeRecords(firstSeq: number, bodies: readonly Uint8Array[]): Uint8Array {
+/** Bytes the records of `bodies` take. */
+export function recordsBytes(bodies: readonly Uint8Array[]): number {
   let total = 0;
   for (const b of bodies) total += RECORD_HEADER_BYTES + b.length;
-  const buf = uninitialized(total);
+  return total;
+}
+
+/** Writes records with consecutive seqs from `firstSeq` at the start of `buf` (room enough); returns the bytes written. */
+export function writeRecords(buf: Uint8Array, firstSeq: number, bodies: readonly Uint8Array[]): number {
   let off = 0;
   for (let i = 0; i < bodies.length; i++) off = writeRecord(buf, off, firstSeq + i, bodies[i]!);
+  return off;
+}
+
+/** Encodes records with consecutive seqs from `firstSeq` into one buffer of their own. */
+export function encodeRecords(firstSeq: number, bodies: readonly Uint8Array[]): Uint8Array {
+  const buf = uninitialized(recordsBytes(bodies));
+  writeRecords(buf, firstSeq, bodies);
   return buf;
 }
 

@@ -1,8 +1,9 @@
 import { describe, expect, test } from "bun:test";
 import { mkdirSync, readdirSync, readFileSync, statSync, truncateSync, writeFileSync, appendFileSync } from "node:fs";
 import { join } from "node:path";
+import { Scratch } from "../../src/bytes.ts";
 import { ChannelLog, type ChannelLogOptions } from "../../src/store/channel-log.ts";
-import { RECORD_HEADER_BYTES } from "../../src/store/record.ts";
+import { RECORD_HEADER_BYTES, scanRecords } from "../../src/store/record.ts";
 import { createLogger, silentLogger, type Logger } from "../../src/observability/logger.ts";
 import { tmpDir } from "../helpers.ts";
 
@@ -45,6 +46,39 @@ describe("ChannelLog", () => {
     const all = await readAll(log);
     expect(all.map((r) => r.text)).toEqual(Array.from({ length: 50 }, (_, i) => `record-${i}`));
     await log.close();
+  });
+
+  test.each(["none", "always", "interval"] as const)("two logs sharing one scratch buffer, writes interleaved and across its limit, read back intact from disk (sync %s)", async (sync) => {
+    const root = tmpDir();
+    const scratch = new Scratch(4096);
+    const o = opts({ sync, scratch, tailCacheBytes: 0 });
+    const logs = [await ChannelLog.open("a", join(root, "a"), o, { create: true }), await ChannelLog.open("b", join(root, "b"), o, { create: true })];
+    const want: string[][] = [[], []];
+    const pending: Promise<unknown>[] = [];
+    let x = 7;
+    for (let i = 0; i < 300; i++) {
+      // Sizes from a few bytes to three times the scratch's limit (most far below it); some
+      // appends alone, some together.
+      x = (x * 48_271) % 2_147_483_647;
+      const k = i % 2;
+      const text = `${k}-${i}-` + String.fromCharCode(97 + (x % 26)).repeat(i % 4 === 0 ? x % 12_000 : x % 300);
+      want[k]!.push(text);
+      pending.push(i % 5 === 0 ? Promise.resolve(logs[k]!.appendNow(enc.encode(text))) : logs[k]!.append(enc.encode(text)));
+      if (i % 3 !== 1) await Promise.all(pending.splice(0));
+    }
+    await Promise.all(pending);
+    for (const l of logs) await l.close();
+    for (const [k, name] of ["a", "b"].entries()) {
+      // Back to back in the file, nothing between them, zeros (preallocated) after the last.
+      const file = readFileSync(join(root, name, readdirSync(join(root, name)).find((f) => f.endsWith(".log"))!));
+      const scan = scanRecords(file, 0, 1);
+      expect(scan.lastSeq).toBe(150);
+      expect(file.subarray(scan.end).every((b) => b === 0)).toBe(true);
+      const again = await ChannelLog.open(name, join(root, name), opts({ sync }));
+      expect(again.nextSeq).toBe(151);
+      expect((await readAll(again)).map((r) => r.text)).toEqual(want[k]!);
+      await again.close();
+    }
   });
 
   test("concurrent appends share fsyncs (group commit)", async () => {
