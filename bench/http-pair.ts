@@ -75,7 +75,19 @@ try {
     console.log(`pair ${i + 1}: A ${x.us.toFixed(1)} µs/msg ${Math.round(x.rate)} msg/s, B ${y.us.toFixed(1)} µs/msg ${Math.round(y.rate)} msg/s`);
   }
   const lower = cpu.filter((r) => r < 1).length;
-  console.log(JSON.stringify({ workload: `http publish, ${CONNECTIONS} connections, side by side`, sync, pairs, secs, cpuBOverA: +quantile([...cpu], 0.5).toFixed(3), rateBOverA: +quantile([...rate], 0.5).toFixed(3), pairsWithBLower: lower, a: trees.a, b: trees.b }));
+  console.log(
+    JSON.stringify({
+      workload: `http publish, ${CONNECTIONS} connections, side by side`,
+      sync,
+      pairs,
+      secs,
+      cpuBOverA: +quantile([...cpu], 0.5).toFixed(3),
+      rateBOverA: +quantile([...rate], 0.5).toFixed(3),
+      pairsWithBLower: lower,
+      a: trees.a,
+      b: trees.b,
+    }),
+  );
 } finally {
   for (const s of [a, b]) {
     await stopProc(s.proc);
