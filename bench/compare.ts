@@ -679,7 +679,7 @@ async function steadyRate(): Promise<void> {
     servers,
     rates: [100, 1000],
     warmMessages: quick ? 3000 : 60_000,
-    warmSecs: quick ? 1 : 3,
+    warmSecs: quick ? 1 : 20,
     secs: quick ? 3 : 10,
     idleSecs: quick ? 5 : 20,
     settleSecs: quick ? 10 : 40,

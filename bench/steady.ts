@@ -86,7 +86,9 @@ const stamp = () => JSON.stringify({ t: performance.timeOrigin + performance.now
  * JIT, and an agent measured 2 s after start was still compiling, a third of
  * its CPU then, and 10,000 messages were not enough for its JIT threads to
  * settle: docs/benchmarks.md), then `o.warmSecs` at `rate`, then measures `pids` over
- * `o.secs` at `rate`.
+ * `o.secs` at `rate`. The second part is what compiles the paced path: a
+ * publish that comes alone takes code that the fast first part hardly runs,
+ * and that code reaches the optimizing tiers only after seconds at the rate.
  */
 async function measured(
   pids: () => number[],
