@@ -38,6 +38,11 @@ export interface ReceiverOptions {
  * record, and its ACK was a socket write (and a wake-up of the sender) of
  * its own; held this long, several go out in one write. Nothing waits on
  * such an ACK: the sender keeps sending, and only its cursor moves later.
+ *
+ * A batch that comes longer than this after the one before is acknowledged
+ * at once all the same: at a board's rate (a message every 10 ms or more)
+ * no other ACK would join it, and the hold only added a timer's wake-up to
+ * every message.
  */
 export const ACK_HOLD_MS = 5;
 
@@ -64,8 +69,11 @@ export class Receiver {
   private readonly selfBytes: Uint8Array;
   private readonly selfEntry: Uint8Array;
 
+  private readonly holdMs: number;
+
   constructor(opts: ReceiverOptions) {
     this.opts = opts;
+    this.holdMs = opts.ackHoldMs ?? ACK_HOLD_MS;
     this.selfBytes = utf8Bytes(opts.self);
     this.selfEntry = routeEntry(opts.self);
   }
@@ -80,7 +88,10 @@ export class Receiver {
    * its own records and every earlier batch's are durable.
    */
   handle(session: Link, batch: Batch): void {
-    this.queue.push({ session, batch });
+    const now = performance.now();
+    const hold = batch.delayAck === true && now - this.lastArrival <= this.holdMs;
+    this.lastArrival = now;
+    this.queue.push({ session, batch, hold });
     if (this.scheduled) return;
     // A small batch with nothing ahead of it is checked at once: the turn it would wait for
     // costs more than the check. Large ones wait their turn (see `pump`).
@@ -92,8 +103,10 @@ export class Receiver {
     setImmediate(this.pump);
   }
 
-  /** Batches received and not yet checked. */
-  private readonly queue: { session: Link; batch: Batch }[] = [];
+  /** Batches received and not yet checked; `hold`: its ACK may wait for others (see ACK_HOLD_MS). */
+  private readonly queue: { session: Link; batch: Batch; hold: boolean }[] = [];
+  /** When the last batch came (performance.now()). */
+  private lastArrival = Number.NEGATIVE_INFINITY;
   private scheduled = false;
 
   /**
@@ -108,13 +121,13 @@ export class Receiver {
     this.scheduled = false;
     const next = this.queue.shift();
     if (!next) return;
-    const { session, batch } = next;
+    const { session, batch, hold } = next;
     const stored = this.store(session, batch);
     this.chain = this.chain.then(async () => {
       const ok = await stored;
       if (!ok || session.state !== "open") return;
       const ack = ackFrame({ batch: batch.batch, channel: batch.channel, upto: batch.seqs[batch.seqs.length - 1]! });
-      if (batch.delayAck) this.hold(session, ack);
+      if (hold) this.hold(session, ack);
       else {
         this.flushAcks();
         session.send(ack);
@@ -132,7 +145,7 @@ export class Receiver {
 
   private hold(session: Link, ack: Uint8Array): void {
     this.held.push({ session, ack });
-    this.holdTimer ??= setTimeout(this.flushAcks, this.opts.ackHoldMs ?? ACK_HOLD_MS);
+    this.holdTimer ??= setTimeout(this.flushAcks, this.holdMs);
   }
 
   /** Sends every held ACK now (in order), e.g. before the session is closed. */

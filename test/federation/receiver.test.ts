@@ -1,6 +1,7 @@
 /**
  * The receiver's ACKs: prompt unless the sender said it has window to
- * spare, then held briefly and sent together, always in batch order.
+ * spare and the batch came within the hold of the one before, then held
+ * briefly and sent together, always in batch order.
  */
 import { describe, expect, test } from "bun:test";
 import { buildEnvelope } from "../../src/envelope/build.ts";
@@ -72,45 +73,70 @@ describe("Receiver ACKs", () => {
     for (const n of [1, 2, 3]) receiver.handle(link, batch(n, true));
     await waitFor(() => stored.length === 3, "three stored");
     await turns();
-    expect(acks).toHaveLength(0);
+    // The first came alone (nothing before it), so nothing would have joined its ACK.
+    expect(acks.map((a) => a.batch)).toEqual([1]);
     receiver.handle(link, batch(4, false));
     await waitFor(() => acks.length === 4, "four acks");
     expect(acks.map((a) => a.batch)).toEqual([1, 2, 3, 4]);
   });
 
   test("held ACKs go out after the hold, not before, together", async () => {
-    const { receiver, stored, link, acks } = setup(40);
-    receiver.handle(link, batch(1, true));
-    receiver.handle(link, batch(2, true));
-    await waitFor(() => acks.length === 2, "both acks");
-    expect(acks.map((a) => a.batch)).toEqual([1, 2]);
-    expect(acks[0]!.at - stored[0]!.at).toBeGreaterThanOrEqual(30);
+    const { receiver, stored, link, acks } = setup(200);
+    for (const n of [1, 2, 3]) receiver.handle(link, batch(n, true));
+    await waitFor(() => acks.length === 3, "three acks");
+    expect(acks.map((a) => a.batch)).toEqual([1, 2, 3]);
+    expect(acks[1]!.at - stored[1]!.at).toBeGreaterThanOrEqual(180);
     // One hold for both, not one each.
-    expect(acks[1]!.at - acks[0]!.at).toBeLessThan(20);
+    expect(acks[2]!.at - acks[1]!.at).toBeLessThan(100);
+  });
+
+  test("a batch that comes longer than the hold after the one before is acknowledged at once, without the timer", async () => {
+    const { receiver, stored, link, acks } = setup(200);
+    receiver.handle(link, batch(1, true));
+    await waitFor(() => acks.length === 1, "the first ack");
+    expect(acks[0]!.at - stored[0]!.at).toBeLessThan(100);
+    // A board's pace: the next one comes after the hold has passed.
+    await waitFor(() => performance.now() - stored[0]!.at > 250, "past the hold", 2_000);
+    receiver.handle(link, batch(2, true));
+    await waitFor(() => acks.length === 2, "the second ack");
+    expect(acks[1]!.at - stored[1]!.at).toBeLessThan(100);
+    // One right behind it is held again.
+    receiver.handle(link, batch(3, true));
+    await waitFor(() => stored.length === 3, "the third stored");
+    await turns();
+    expect(acks).toHaveLength(2);
+    await waitFor(() => acks.length === 3, "the held ack");
+    expect(acks[2]!.at - stored[2]!.at).toBeGreaterThanOrEqual(180);
+    expect(acks.map((a) => a.batch)).toEqual([1, 2, 3]);
   });
 
   test("flushAcks sends what is held at once; stop drops it, and nothing is sent on a closed session", async () => {
+    // Each time the first batch is acknowledged at once (it came alone); the second is held.
     const a = setup(60_000);
     a.receiver.handle(a.link, batch(1, true));
-    await waitFor(() => a.stored.length === 1, "stored");
+    a.receiver.handle(a.link, batch(2, true));
+    await waitFor(() => a.stored.length === 2, "stored");
     await turns();
-    a.receiver.flushAcks();
     expect(a.acks.map((x) => x.batch)).toEqual([1]);
+    a.receiver.flushAcks();
+    expect(a.acks.map((x) => x.batch)).toEqual([1, 2]);
 
     const b = setup(30);
     b.receiver.handle(b.link, batch(1, true));
-    await waitFor(() => b.stored.length === 1, "stored");
+    b.receiver.handle(b.link, batch(2, true));
+    await waitFor(() => b.stored.length === 2, "stored");
     await turns();
     b.receiver.stop();
     const c = setup(30);
     c.receiver.handle(c.link, batch(1, true));
-    await waitFor(() => c.stored.length === 1, "stored");
+    c.receiver.handle(c.link, batch(2, true));
+    await waitFor(() => c.stored.length === 2, "stored");
     await turns();
     c.link.close("shutdown", "test");
     // Both would have sent by now had they been held still.
-    await waitFor(() => performance.now() - c.stored[0]!.at > 100, "past the hold", 2_000);
-    expect(b.acks).toHaveLength(0);
-    expect(c.acks).toHaveLength(0);
+    await waitFor(() => performance.now() - c.stored[1]!.at > 100, "past the hold", 2_000);
+    expect(b.acks.map((x) => x.batch)).toEqual([1]);
+    expect(c.acks.map((x) => x.batch)).toEqual([1]);
   });
 
   test("a record twice in one batch, and again in a later one of one record, is stored once; both batches are acknowledged", async () => {
