@@ -39,10 +39,11 @@ export interface ReceiverOptions {
  * its own; held this long, several go out in one write. Nothing waits on
  * such an ACK: the sender keeps sending, and only its cursor moves later.
  *
- * A batch that comes longer than this after the one before is acknowledged
- * at once all the same: at a board's rate (a message every 10 ms or more)
- * no other ACK would join it, and the hold only added a timer's wake-up to
- * every message.
+ * A batch that comes longer than this after the one before has its ACK
+ * sent at the end of the turn instead: at a board's rate (a message every
+ * 10 ms or more) no other ACK would join it, and the hold only added a
+ * timer's wake-up to every message. The end of the turn, not at once, so
+ * that the ACK goes after what the same turn forwards.
  */
 export const ACK_HOLD_MS = 5;
 
@@ -89,7 +90,7 @@ export class Receiver {
    */
   handle(session: Link, batch: Batch): void {
     const now = performance.now();
-    const hold = batch.delayAck === true && now - this.lastArrival <= this.holdMs;
+    const hold = now - this.lastArrival <= this.holdMs;
     this.lastArrival = now;
     this.queue.push({ session, batch, hold });
     if (this.scheduled) return;
@@ -127,7 +128,9 @@ export class Receiver {
       const ok = await stored;
       if (!ok || session.state !== "open") return;
       const ack = ackFrame({ batch: batch.batch, channel: batch.channel, upto: batch.seqs[batch.seqs.length - 1]! });
-      if (hold) this.hold(session, ack);
+      // An ACK the sender let wait goes out after what this turn forwards: held with later
+      // ones, or (when none is likely to come) at the end of the turn.
+      if (batch.delayAck) this.hold(session, ack, hold);
       else {
         this.flushAcks();
         session.send(ack);
@@ -139,17 +142,31 @@ export class Receiver {
     }
   };
 
-  /** ACKs held, in order, and the timer that sends them. */
+  /** ACKs held, in order, and the timer (or the end of the turn) that sends them. */
   private held: { session: Link; ack: Uint8Array }[] = [];
   private holdTimer: ReturnType<typeof setTimeout> | undefined;
+  /** How many of the held ACKs go at the end of this turn (the rest wait for the timer). */
+  private dueNow = 0;
 
-  private hold(session: Link, ack: Uint8Array): void {
+  /** Holds `ack` for ACK_HOLD_MS (`long`) or to the end of this turn. */
+  private hold(session: Link, ack: Uint8Array, long: boolean): void {
     this.held.push({ session, ack });
-    this.holdTimer ??= setTimeout(this.flushAcks, this.holdMs);
+    if (long) this.holdTimer ??= setTimeout(this.flushAcks, this.holdMs);
+    else {
+      if (this.dueNow === 0) setImmediate(this.flushDue);
+      this.dueNow = this.held.length;
+    }
   }
+
+  private readonly flushDue = (): void => {
+    const n = this.dueNow;
+    this.dueNow = 0;
+    for (const h of this.held.splice(0, n)) if (h.session.state === "open") h.session.send(h.ack);
+  };
 
   /** Sends every held ACK now (in order), e.g. before the session is closed. */
   readonly flushAcks = (): void => {
+    this.dueNow = 0;
     if (this.holdTimer) clearTimeout(this.holdTimer);
     this.holdTimer = undefined;
     const held = this.held;
@@ -163,6 +180,7 @@ export class Receiver {
     if (this.holdTimer) clearTimeout(this.holdTimer);
     this.holdTimer = undefined;
     this.held = [];
+    this.dueNow = 0;
   }
 
   /** Validates, filters and appends; resolves true once durable (false: the session was closed). */

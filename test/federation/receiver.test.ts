@@ -90,7 +90,7 @@ describe("Receiver ACKs", () => {
     expect(acks[2]!.at - acks[1]!.at).toBeLessThan(100);
   });
 
-  test("a batch that comes longer than the hold after the one before is acknowledged at once, without the timer", async () => {
+  test("a batch that comes longer than the hold after the one before is acknowledged in its turn, without the timer", async () => {
     const { receiver, stored, link, acks } = setup(200);
     receiver.handle(link, batch(1, true));
     await waitFor(() => acks.length === 1, "the first ack");
