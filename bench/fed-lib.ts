@@ -29,12 +29,19 @@ export function bunArgs(): string[] {
   return (process.env.KEYOP_BENCH_BUN_ARGS ?? "").split(" ").filter(Boolean);
 }
 
+/** Which build an agent runs and what it adds to its environment (A/B of two work trees, or of an option). */
+export interface Build {
+  /** The entry point: src/main.ts of a work tree (this one's by default). */
+  main?: string;
+  env?: Record<string, string>;
+}
+
 /** Starts `keyop run` with `yaml` (plus data dir, socket and log level) and waits for its socket. */
-export async function start(dir: string, name: string, yaml: string, sync = "always"): Promise<Proc> {
+export async function start(dir: string, name: string, yaml: string, sync = "always", build: Build = {}): Promise<Proc> {
   const cfg = join(dir, `${name}.yaml`);
   const socket = join(dir, `${name}.sock`);
   writeFileSync(cfg, `storage:\n  data_dir: ${join(dir, name)}\n  sync: ${sync}\napi:\n  socket: ${socket}\nlog:\n  level: warn\n${yaml}`);
-  const proc = await spawnReady([process.execPath, ...bunArgs(), MAIN, "run", "--config", cfg], agentHealthy(socket), `keyop ${name}`, { stderr: "inherit" });
+  const proc = await spawnReady([process.execPath, ...bunArgs(), build.main ?? MAIN, "run", "--config", cfg], agentHealthy(socket), `keyop ${name}`, { stderr: "inherit", env: build.env });
   return { proc, socket };
 }
 
@@ -116,7 +123,7 @@ export interface Trio {
  * allowed nothing), starts the hub and both devices with `sync` on every
  * hop, and waits until both links are open.
  */
-export async function startTrio(dir: string, opts: { pattern?: string; extraPeers?: string[]; sync?: string; deviceYaml?: (name: "devA" | "devB") => string } = {}): Promise<Trio> {
+export async function startTrio(dir: string, opts: { pattern?: string; extraPeers?: string[]; sync?: string; deviceYaml?: (name: "devA" | "devB") => string; build?: Build } = {}): Promise<Trio> {
   const pattern = opts.pattern ?? "t.>";
   const extra = opts.extraPeers ?? [];
   const ca = await createCa();
@@ -142,11 +149,11 @@ export async function startTrio(dir: string, opts: { pattern?: string; extraPeer
   // One that fails to start takes the ones already started with it: none is left running.
   const started: Proc[] = [];
   try {
-    const hub = await start(dir, "hub", hubYaml, storage);
+    const hub = await start(dir, "hub", hubYaml, storage, opts.build);
     started.push(hub);
-    const devA = await start(dir, "devA", tls("devA") + fedOpts + extraYaml("devA") + `links:\n  - hub: 127.0.0.1:${port}\n    publish: ['${pattern}']\n    subscribe: []\n`, storage);
+    const devA = await start(dir, "devA", tls("devA") + fedOpts + extraYaml("devA") + `links:\n  - hub: 127.0.0.1:${port}\n    publish: ['${pattern}']\n    subscribe: []\n`, storage, opts.build);
     started.push(devA);
-    const devB = await start(dir, "devB", tls("devB") + fedOpts + extraYaml("devB") + `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ['${pattern}']\n`, storage);
+    const devB = await start(dir, "devB", tls("devB") + fedOpts + extraYaml("devB") + `links:\n  - hub: 127.0.0.1:${port}\n    publish: []\n    subscribe: ['${pattern}']\n`, storage, opts.build);
     started.push(devB);
     await until("links open", async () => (await status(devA)).links[0]?.state === "open" && (await status(devB)).links[0]?.state === "open");
     return { dir, port, hub, devA, devB, hubYaml, sync: storage };

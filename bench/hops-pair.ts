@@ -1,0 +1,186 @@
+/**
+ * Two builds of keyop side by side over two hops: an A/B of a change to
+ * the federation path that holds up while this machine's speed drifts (one
+ * run of the steady step moves by 15-25% from one hour, or one minute, to
+ * the next; a change worth a few percent needs both sides in the same
+ * minutes).
+ *
+ *   bun bench/hops-pair.ts [--a=<work tree>] [--b=<work tree>] [--env-a="K=V ..."] [--env-b="K=V ..."]
+ *                          [--sync=none|always] [--rate=1000] [--secs=5] [--pairs=12] [--warm-secs=20]
+ *
+ * Two trios (device A, hub, device B over mutual TLS, MQTT on both
+ * devices), one per build, run at once; A and B may be two work trees, or
+ * one tree with two environments (a runtime option). This process
+ * publishes MQTT QoS 1 to one trio's device A at `rate` for `secs` while
+ * subscribed on its device B, waits for every message, then does the same
+ * with the other trio, in the order A B, B A, A B... so that a drift within
+ * a pair falls on both; the trio not in its burst is idle. Per burst: the
+ * CPU of the three agents per message (per thread, from /proc, as
+ * `bench/steady.ts` reads it), wake-ups per message, and the latency's
+ * p50 and p99. Each trio first warms up as the steady step does (60,000
+ * messages at 4,000/s, then `warm-secs` at the rate). It prints each pair
+ * and one JSON line: the medians of B/A per pair for CPU and p99, and how
+ * many pairs had B's CPU lower.
+ */
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import mqtt from "mqtt";
+import { type Build, startTrio, stop, type Trio } from "./fed-lib.ts";
+import { pace, quantile } from "./lib.ts";
+import { portOpen, until } from "./procs.ts";
+import { costBetween, freePort, snapshotOf } from "./servers.ts";
+
+const arg = (name: string, def: string): string => process.argv.find((a) => a.startsWith(`--${name}=`))?.slice(name.length + 3) ?? def;
+const envOf = (s: string): Record<string, string> =>
+  Object.fromEntries(
+    s
+      .split(" ")
+      .filter(Boolean)
+      .map((kv) => [kv.slice(0, kv.indexOf("=")), kv.slice(kv.indexOf("=") + 1)]),
+  );
+const sync = arg("sync", "none");
+const rate = Number(arg("rate", "1000"));
+const secs = Number(arg("secs", "5"));
+const pairs = Number(arg("pairs", "12"));
+const warmSecs = Number(arg("warm-secs", "20"));
+const WARM_MESSAGES = 60_000;
+const WARM_RATE = 4000;
+const PAD = "x".repeat(200);
+
+interface Side {
+  label: string;
+  tree: string;
+  env: Record<string, string>;
+  dir: string;
+  trio: Trio;
+  pub: mqtt.MqttClient;
+  sub: mqtt.MqttClient;
+  got: number;
+  sent: number;
+  lat: number[];
+}
+
+async function side(label: string, tree: string, env: Record<string, string>): Promise<Side> {
+  const dir = mkdtempSync(join(process.env.KEYOP_BENCH_DIR ?? tmpdir(), `keyop-hops-pair-${label}-`));
+  const ports = { devA: freePort(), devB: freePort() };
+  const build: Build = { main: join(tree, "src", "main.ts"), env };
+  const trio = await startTrio(dir, { pattern: "bench.>", sync, build, deviceYaml: (n) => `mqtt:\n  listen: 127.0.0.1:${ports[n]}\n` });
+  await until("mqtt listening", async () => (await portOpen(ports.devA)()) && portOpen(ports.devB)(), 20_000);
+  const sub = await mqtt.connectAsync(`mqtt://127.0.0.1:${ports.devB}`, { clean: true });
+  await sub.subscribeAsync("bench/pair", { qos: 1 });
+  const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${ports.devA}`, { clean: true });
+  const s: Side = { label, tree, env, dir, trio, pub, sub, got: 0, sent: 0, lat: [] };
+  sub.on("message", (_t, p) => {
+    s.got++;
+    s.lat.push(performance.timeOrigin + performance.now() - JSON.parse(p.toString()).t);
+  });
+  return s;
+}
+
+const send = (s: Side) => () => {
+  s.sent++;
+  return s.pub.publishAsync("bench/pair", JSON.stringify({ t: performance.timeOrigin + performance.now(), pad: PAD }), { qos: 1 });
+};
+
+/** Waits until every message sent to `s` arrived (or none came for 3 s: then the burst is reported short). */
+async function drained(s: Side): Promise<void> {
+  let last = -1;
+  let since = performance.now();
+  while (s.got < s.sent) {
+    if (s.got !== last) {
+      last = s.got;
+      since = performance.now();
+    } else if (performance.now() - since > 3000) return;
+    await Bun.sleep(5);
+  }
+}
+
+/** VmRSS of `pid` in MB. */
+const rssOf = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) / 1024;
+
+const pidsOf = (s: Side) => [s.trio.devA.proc.pid, s.trio.hub.proc.pid, s.trio.devB.proc.pid];
+
+interface Burst {
+  cpuUs: number;
+  /** Of which the JIT compiler's threads. */
+  jitUs: number;
+  wakeups: number;
+  p50: number;
+  p99: number;
+  lost: number;
+  /** Resident memory of the three agents at the end, MB. */
+  rssMB: number;
+}
+
+async function burst(s: Side): Promise<Burst> {
+  const total = Math.round(rate * secs);
+  s.lat = [];
+  const got0 = s.got;
+  const s0 = snapshotOf(pidsOf(s));
+  await pace(rate, total, 64, send(s));
+  await drained(s);
+  const c = costBetween(s0, snapshotOf(pidsOf(s)));
+  return {
+    cpuUs: (c.cpu / total) * 1e6,
+    jitUs: ((c.byKind.jit ?? 0) / total) * 1e6,
+    wakeups: c.wakeups / total,
+    p50: quantile([...s.lat], 0.5),
+    p99: quantile([...s.lat], 0.99),
+    lost: total - (s.got - got0),
+    rssMB: pidsOf(s).reduce((m, pid) => m + rssOf(pid), 0),
+  };
+}
+
+const fmt = (b: Burst) =>
+  `${b.cpuUs.toFixed(1)} µs/msg (JIT ${b.jitUs.toFixed(1)}) ${b.wakeups.toFixed(2)} wake-ups p50 ${b.p50.toFixed(2)} p99 ${b.p99.toFixed(2)} ms RSS ${b.rssMB.toFixed(0)} MB${b.lost ? ` LOST ${b.lost}` : ""}`;
+
+const a = await side("a", resolve(arg("a", ".")), envOf(arg("env-a", "")));
+const b = await side("b", resolve(arg("b", ".")), envOf(arg("env-b", "")));
+try {
+  for (const s of [a, b]) {
+    await pace(WARM_RATE, WARM_MESSAGES, 64, send(s));
+    await pace(rate, Math.round(rate * warmSecs), 64, send(s));
+    await drained(s);
+  }
+  const cpu: number[] = [];
+  const nonJit: number[] = [];
+  const p99: number[] = [];
+  for (let i = 0; i < pairs; i++) {
+    let x: Burst;
+    let y: Burst;
+    if (i % 2 === 0) {
+      x = await burst(a);
+      y = await burst(b);
+    } else {
+      y = await burst(b);
+      x = await burst(a);
+    }
+    cpu.push(y.cpuUs / x.cpuUs);
+    nonJit.push((y.cpuUs - y.jitUs) / (x.cpuUs - x.jitUs));
+    p99.push(y.p99 / x.p99);
+    console.log(`pair ${i + 1}: A ${fmt(x)} | B ${fmt(y)} | B/A ${(y.cpuUs / x.cpuUs).toFixed(3)}`);
+  }
+  console.log(
+    JSON.stringify({
+      workload: `two hops @${rate}/s, side by side`,
+      sync,
+      pairs,
+      secs,
+      cpuBOverA: +quantile([...cpu], 0.5).toFixed(3),
+      // Without the JIT compiler's threads, whose recompiles come and go from one burst to the next.
+      cpuWithoutJitBOverA: +quantile([...nonJit], 0.5).toFixed(3),
+      p99BOverA: +quantile([...p99], 0.5).toFixed(3),
+      pairsWithBLower: cpu.filter((r) => r < 1).length,
+      a: { tree: a.tree, env: a.env },
+      b: { tree: b.tree, env: b.env },
+    }),
+  );
+} finally {
+  for (const s of [a, b]) {
+    await s.pub.endAsync();
+    await s.sub.endAsync();
+    for (const p of [s.trio.devA, s.trio.devB, s.trio.hub]) await stop(p);
+    rmSync(s.dir, { recursive: true, force: true });
+  }
+}
