@@ -19,7 +19,7 @@
  */
 import { rmSync } from "node:fs";
 import mqtt, { type Packet } from "mqtt-packet";
-import { tuneAllocator } from "../src/cli/allocator.ts";
+import { tuneRuntime } from "../src/cli/runtime-options.ts";
 import { RecentIds } from "../src/federation/dedup.ts";
 import { clientHello, welcomeFrame } from "../src/federation/messages.ts";
 import { Receiver } from "../src/federation/receiver.ts";
@@ -30,8 +30,8 @@ import { OutQueue } from "../src/net/out-queue.ts";
 import { silentLogger } from "../src/observability/logger.ts";
 import { Arrivals, measure, mqttAgent, oneRecordBatches, pathOptions, report } from "./self-stats.ts";
 
-// With the allocator as `keyop run` sets it (this re-executes the script once).
-tuneAllocator();
+// With the allocator and the JIT as `keyop run` sets them (this re-executes the script once).
+tuneRuntime();
 
 const opts = pathOptions();
 const { n: N, rate: RATE, sync: SYNC } = opts;

@@ -30,11 +30,11 @@ import { PeerSession, type SessionTransport } from "../src/federation/session.ts
 import { messengerSink } from "../src/federation/sink.ts";
 import { Messenger } from "../src/messenger/messenger.ts";
 import { silentLogger } from "../src/observability/logger.ts";
-import { tuneAllocator } from "../src/cli/allocator.ts";
+import { tuneRuntime } from "../src/cli/runtime-options.ts";
 import { Arrivals, measure, oneRecordBatches, pathOptions, report } from "./self-stats.ts";
 
-// With the allocator as `keyop run` sets it (this re-executes the script once).
-tuneAllocator();
+// With the allocator and the JIT as `keyop run` sets them (this re-executes the script once).
+tuneRuntime();
 
 const opts = pathOptions();
 const { n: N, rate: RATE, sync: SYNC } = opts;

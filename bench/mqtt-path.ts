@@ -21,13 +21,13 @@
  */
 import { rmSync } from "node:fs";
 import mqtt, { type Packet } from "mqtt-packet";
-import { tuneAllocator } from "../src/cli/allocator.ts";
+import { tuneRuntime } from "../src/cli/runtime-options.ts";
 import { MqttSession } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
 import { Arrivals, measure, mqttAgent, pathOptions, report } from "./self-stats.ts";
 
-// With the allocator as `keyop run` sets it (this re-executes the script once).
-tuneAllocator();
+// With the allocator and the JIT as `keyop run` sets them (this re-executes the script once).
+tuneRuntime();
 
 const opts = pathOptions();
 const { n: N, rate: RATE, sync: SYNC } = opts;

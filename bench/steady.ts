@@ -16,7 +16,7 @@ import { connect as natsConnect, StorageType } from "nats";
 import { start, startTrio, stop, type Proc } from "./fed-lib.ts";
 import { FLOOR_MESSAGE, FLOOR_MODES, type FloorMode } from "./floor-server.ts";
 import { RELAY_MESSAGE } from "./relay-floor.ts";
-import { ALLOCATOR_OPTIONS } from "../src/cli/allocator.ts";
+import { RUNTIME_OPTIONS } from "../src/cli/runtime-options.ts";
 import { pace, quantile, type Row } from "./lib.ts";
 import { portOpen, spawnReady, stopProc, until } from "./procs.ts";
 import { costBetween, freePort, type Servers, snapshotOf, type ThreadKind, writeTrioCerts } from "./servers.ts";
@@ -124,10 +124,10 @@ function rssOf(pid: number): number {
 }
 
 /**
- * The floor's Bun processes run with the allocator options `keyop run`
+ * The floor's Bun processes run with the runtime options `keyop run`
  * sets for itself: the floor is what the runtime allows as keyop runs it.
  */
-const FLOOR_ENV = { ...ALLOCATOR_OPTIONS };
+const FLOOR_ENV = { ...RUNTIME_OPTIONS };
 
 /** The rate of the first part of every warm-up. */
 const WARM_RATE = 4000;

@@ -17,7 +17,7 @@ import { cmdPasswd } from "./cli/passwd.ts";
 import { cmdExport } from "./cli/export.ts";
 import { cmdImport } from "./cli/import.ts";
 import { cmdReload } from "./cli/reload.ts";
-import { tuneAllocator } from "./cli/allocator.ts";
+import { tuneRuntime } from "./cli/runtime-options.ts";
 
 const USAGE = `usage: keyop <command> [options]
 
@@ -91,8 +91,8 @@ export async function main(argv: string[]): Promise<number> {
 }
 
 if (import.meta.main) {
-  // The agent first restarts itself with its allocator tuned (src/cli/allocator.ts).
-  if (process.argv[2] === "run") tuneAllocator();
+  // The agent first restarts itself with its allocator and JIT tuned (src/cli/runtime-options.ts).
+  if (process.argv[2] === "run") tuneRuntime();
   // No top-level await: the compiled binary is built with --bytecode, which needs none.
   void main(process.argv.slice(2)).then((code) => process.exit(code));
 }

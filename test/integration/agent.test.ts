@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { existsSync, readFileSync, watch, writeFileSync } from "node:fs";
-import { PURGE_DELAY_MS, SWEEP_INTERVAL_MS } from "../../src/cli/allocator.ts";
+import { CODE_LEASE_ENV, OPTIMIZED_AGING_ENV, PURGE_DELAY_MS, SWEEP_INTERVAL_MS } from "../../src/cli/runtime-options.ts";
 import { join } from "node:path";
 import { BUN, MAIN, spawnLines, tmpDir, waitFor } from "../helpers.ts";
 import { cli, runAgent } from "./agent-process.ts";
@@ -153,21 +153,25 @@ describe("keyop run as a process", () => {
     expect(await agent.child.proc.exited).toBe(0);
   }, 30_000);
 
-  test("keyop run restarts itself once with the allocator tuned; a setting of the user's is kept", async () => {
+  test("keyop run restarts itself once with the allocator and the JIT tuned; a setting of the user's is kept", async () => {
     const environOf = (pid: number) => readFileSync(`/proc/${pid}/environ`, "utf8").split("\0");
     // Started without the options (undefined leaves them out of the child's environment).
-    const unset = { MIMALLOC_PURGE_DELAY: undefined, MIMALLOC_PURGE_HOLES: undefined, MIMALLOC_PURGE_HOLES_MIN_INTERVAL: undefined };
+    const unset = { MIMALLOC_PURGE_DELAY: undefined, MIMALLOC_PURGE_HOLES: undefined, MIMALLOC_PURGE_HOLES_MIN_INTERVAL: undefined, [CODE_LEASE_ENV]: undefined, [OPTIMIZED_AGING_ENV]: undefined };
     const tuned = await runAgent(tmpDir(), [], unset as unknown as Record<string, string>);
     // The process that answers is the one started (exec keeps the pid), now with the options set.
     expect(environOf(tuned.child.proc.pid)).toContain(`MIMALLOC_PURGE_DELAY=${PURGE_DELAY_MS}`);
     expect(environOf(tuned.child.proc.pid)).toContain("MIMALLOC_PURGE_HOLES=0");
     expect(environOf(tuned.child.proc.pid)).toContain(`MIMALLOC_PURGE_HOLES_MIN_INTERVAL=${SWEEP_INTERVAL_MS}`);
+    expect(environOf(tuned.child.proc.pid)).toContain(`${CODE_LEASE_ENV}=100`);
+    expect(environOf(tuned.child.proc.pid)).toContain(`${OPTIMIZED_AGING_ENV}=0`);
     expect(readFileSync(`/proc/${tuned.child.proc.pid}/cmdline`, "utf8").split("\0")).toContain("run");
     tuned.child.proc.kill("SIGTERM");
     expect(await tuned.child.proc.exited).toBe(0);
 
-    const own = await runAgent(tmpDir(), [], { ...unset, MIMALLOC_PURGE_DELAY: "25" } as unknown as Record<string, string>);
+    const own = await runAgent(tmpDir(), [], { ...unset, MIMALLOC_PURGE_DELAY: "25", [CODE_LEASE_ENV]: "3" } as unknown as Record<string, string>);
     expect(environOf(own.child.proc.pid)).toContain("MIMALLOC_PURGE_DELAY=25");
+    expect(environOf(own.child.proc.pid)).toContain(`${CODE_LEASE_ENV}=3`);
+    expect(environOf(own.child.proc.pid)).toContain(`${OPTIMIZED_AGING_ENV}=0`);
     expect(environOf(own.child.proc.pid)).toContain("MIMALLOC_PURGE_HOLES=0");
     own.child.proc.kill("SIGTERM");
     expect(await own.child.proc.exited).toBe(0);
