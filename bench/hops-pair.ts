@@ -27,7 +27,7 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import mqtt from "mqtt";
 import { type Build, startTrio, stop, type Trio } from "./fed-lib.ts";
-import { pace, quantile } from "./lib.ts";
+import { alternating, pace, quantile } from "./lib.ts";
 import { portOpen, until } from "./procs.ts";
 import { costBetween, freePort, snapshotOf } from "./servers.ts";
 
@@ -146,21 +146,17 @@ try {
   const cpu: number[] = [];
   const nonJit: number[] = [];
   const p99: number[] = [];
-  for (let i = 0; i < pairs; i++) {
-    let x: Burst;
-    let y: Burst;
-    if (i % 2 === 0) {
-      x = await burst(a);
-      y = await burst(b);
-    } else {
-      y = await burst(b);
-      x = await burst(a);
-    }
-    cpu.push(y.cpuUs / x.cpuUs);
-    nonJit.push((y.cpuUs - y.jitUs) / (x.cpuUs - x.jitUs));
-    p99.push(y.p99 / x.p99);
-    console.log(`pair ${i + 1}: A ${fmt(x)} | B ${fmt(y)} | B/A ${(y.cpuUs / x.cpuUs).toFixed(3)}`);
-  }
+  await alternating(
+    pairs,
+    () => burst(a),
+    () => burst(b),
+    (x, y, i) => {
+      cpu.push(y.cpuUs / x.cpuUs);
+      nonJit.push((y.cpuUs - y.jitUs) / (x.cpuUs - x.jitUs));
+      p99.push(y.p99 / x.p99);
+      console.log(`pair ${i + 1}: A ${fmt(x)} | B ${fmt(y)} | B/A ${(y.cpuUs / x.cpuUs).toFixed(3)}`);
+    },
+  );
   console.log(
     JSON.stringify({
       workload: `two hops @${rate}/s, side by side`,

@@ -17,7 +17,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { publishRate } from "./api.ts";
-import { quantile } from "./lib.ts";
+import { alternating, quantile } from "./lib.ts";
 import { agentHealthy, spawnReady, stopProc } from "./procs.ts";
 import { cpuOf } from "./servers.ts";
 
@@ -60,20 +60,16 @@ try {
   for (const s of [a, b]) await publishRate(s.socket, CONNECTIONS, 4);
   const cpu: number[] = [];
   const rate: number[] = [];
-  for (let i = 0; i < pairs; i++) {
-    let x: { us: number; rate: number };
-    let y: { us: number; rate: number };
-    if (i % 2 === 0) {
-      x = await burst(a);
-      y = await burst(b);
-    } else {
-      y = await burst(b);
-      x = await burst(a);
-    }
-    cpu.push(y.us / x.us);
-    rate.push(y.rate / x.rate);
-    console.log(`pair ${i + 1}: A ${x.us.toFixed(1)} µs/msg ${Math.round(x.rate)} msg/s, B ${y.us.toFixed(1)} µs/msg ${Math.round(y.rate)} msg/s`);
-  }
+  await alternating(
+    pairs,
+    () => burst(a),
+    () => burst(b),
+    (x, y, i) => {
+      cpu.push(y.us / x.us);
+      rate.push(y.rate / x.rate);
+      console.log(`pair ${i + 1}: A ${x.us.toFixed(1)} µs/msg ${Math.round(x.rate)} msg/s, B ${y.us.toFixed(1)} µs/msg ${Math.round(y.rate)} msg/s`);
+    },
+  );
   const lower = cpu.filter((r) => r < 1).length;
   console.log(
     JSON.stringify({

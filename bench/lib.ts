@@ -119,3 +119,20 @@ export async function pace(rate: number, total: number, inflight: number, send: 
   }
   await Promise.all(pending);
 }
+
+/**
+ * `pairs` rounds of two measurements in the order A B, B A, A B... so that
+ * a drift of the machine within a pair falls on both; `each` gets A's and
+ * B's result of every pair, in order.
+ */
+export async function alternating<T>(pairs: number, a: () => Promise<T>, b: () => Promise<T>, each: (x: T, y: T, pair: number) => void): Promise<void> {
+  for (let i = 0; i < pairs; i++) {
+    if (i % 2 === 0) {
+      const x = await a();
+      each(x, await b(), i);
+    } else {
+      const y = await b();
+      each(await a(), y, i);
+    }
+  }
+}
