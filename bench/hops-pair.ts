@@ -1,32 +1,35 @@
 /**
- * Two builds of keyop side by side over two hops: an A/B of a change to
- * the federation path that holds up while this machine's speed drifts (one
- * run of the steady step moves by 15-25% from one hour, or one minute, to
- * the next; a change worth a few percent needs both sides in the same
- * minutes).
+ * Two builds of keyop side by side, over two hops or as one broker: an A/B
+ * of a change to the message path that holds up while this machine's speed
+ * drifts (one run of the steady step moves by 15-25% from one hour, or one
+ * minute, to the next; a change worth a few percent needs both sides in
+ * the same minutes).
  *
  *   bun bench/hops-pair.ts [--a=<work tree>] [--b=<work tree>] [--env-a="K=V ..."] [--env-b="K=V ..."]
- *                          [--sync=none|always] [--rate=1000] [--secs=5] [--pairs=12] [--warm-secs=20]
+ *                          [--hops=2|0] [--sync=none|always] [--rate=1000] [--secs=5] [--pairs=12] [--warm-secs=20]
  *
- * Two trios (device A, hub, device B over mutual TLS, MQTT on both
- * devices), one per build, run at once; A and B may be two work trees, or
- * one tree with two environments (a runtime option). This process
- * publishes MQTT QoS 1 to one trio's device A at `rate` for `secs` while
- * subscribed on its device B, waits for every message, then does the same
- * with the other trio, in the order A B, B A, A B... so that a drift within
- * a pair falls on both; the trio not in its burst is idle. Per burst: the
- * CPU of the three agents per message (per thread, from /proc, as
- * `bench/steady.ts` reads it), wake-ups per message, and the latency's
- * p50 and p99. Each trio first warms up as the steady step does (60,000
- * messages at 4,000/s, then `warm-secs` at the rate). It prints each pair
- * and one JSON line: the medians of B/A per pair for CPU and p99, and how
- * many pairs had B's CPU lower.
+ * Two setups, one per build, run at once; A and B may be two work trees,
+ * or one tree with two environments (a runtime option). With `--hops=2` a
+ * setup is a trio (device A, hub, device B over mutual TLS, MQTT on both
+ * devices): this process publishes MQTT QoS 1 to device A at `rate` for
+ * `secs` while subscribed on device B, and the latency is publish to
+ * delivery. With `--hops=0` it is one agent with its MQTT listener, and the
+ * latency is publish to PUBACK. After a burst to one setup it waits for
+ * every message, then does the same with the other, in the order A B, B A,
+ * A B... so that a drift within a pair falls on both; the setup not in its
+ * burst is idle. Per burst: the CPU of the setup's agents per message (per
+ * thread, from /proc, as `bench/steady.ts` reads it), of which the JIT
+ * compiler's threads, wake-ups per message, p50 and p99, and RSS. Each
+ * setup first warms up as the steady step does (60,000 messages at
+ * 4,000/s, then `warm-secs` at the rate). It prints each pair and one JSON
+ * line: the medians of B/A per pair for CPU and p99, and how many pairs
+ * had B's CPU lower.
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import mqtt from "mqtt";
-import { type Build, startTrio, stop, type Trio } from "./fed-lib.ts";
+import { type Build, type Proc, start, startTrio, stop } from "./fed-lib.ts";
 import { alternating, pace, quantile } from "./lib.ts";
 import { portOpen, until } from "./procs.ts";
 import { costBetween, freePort, snapshotOf } from "./servers.ts";
@@ -44,6 +47,8 @@ const rate = Number(arg("rate", "1000"));
 const secs = Number(arg("secs", "5"));
 const pairs = Number(arg("pairs", "12"));
 const warmSecs = Number(arg("warm-secs", "20"));
+const hops = Number(arg("hops", "2"));
+if (hops !== 0 && hops !== 2) throw new Error("--hops is 2 (a trio) or 0 (one broker)");
 const WARM_MESSAGES = 60_000;
 const WARM_RATE = 4000;
 const PAD = "x".repeat(200);
@@ -53,24 +58,34 @@ interface Side {
   tree: string;
   env: Record<string, string>;
   dir: string;
-  trio: Trio;
+  /** The agents on the path, in its order. */
+  agents: Proc[];
   pub: mqtt.MqttClient;
-  sub: mqtt.MqttClient;
+  sub: mqtt.MqttClient | null;
   got: number;
   sent: number;
   lat: number[];
 }
 
+const mqttYaml = (port: number) => `mqtt:\n  listen: 127.0.0.1:${port}\n`;
+
 async function side(label: string, tree: string, env: Record<string, string>): Promise<Side> {
   const dir = mkdtempSync(join(process.env.KEYOP_BENCH_DIR ?? tmpdir(), `keyop-hops-pair-${label}-`));
-  const ports = { devA: freePort(), devB: freePort() };
   const build: Build = { main: join(tree, "src", "main.ts"), env };
-  const trio = await startTrio(dir, { pattern: "bench.>", sync, build, deviceYaml: (n) => `mqtt:\n  listen: 127.0.0.1:${ports[n]}\n` });
+  if (hops === 0) {
+    const port = freePort();
+    const agent = await start(dir, "agent", mqttYaml(port), sync, build);
+    await until("mqtt listening", portOpen(port), 20_000);
+    const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${port}`, { clean: true });
+    return { label, tree, env, dir, agents: [agent], pub, sub: null, got: 0, sent: 0, lat: [] };
+  }
+  const ports = { devA: freePort(), devB: freePort() };
+  const trio = await startTrio(dir, { pattern: "bench.>", sync, build, deviceYaml: (n) => mqttYaml(ports[n]) });
   await until("mqtt listening", async () => (await portOpen(ports.devA)()) && portOpen(ports.devB)(), 20_000);
   const sub = await mqtt.connectAsync(`mqtt://127.0.0.1:${ports.devB}`, { clean: true });
   await sub.subscribeAsync("bench/pair", { qos: 1 });
   const pub = await mqtt.connectAsync(`mqtt://127.0.0.1:${ports.devA}`, { clean: true });
-  const s: Side = { label, tree, env, dir, trio, pub, sub, got: 0, sent: 0, lat: [] };
+  const s: Side = { label, tree, env, dir, agents: [trio.devA, trio.hub, trio.devB], pub, sub, got: 0, sent: 0, lat: [] };
   sub.on("message", (_t, p) => {
     s.got++;
     s.lat.push(performance.timeOrigin + performance.now() - JSON.parse(p.toString()).t);
@@ -80,7 +95,14 @@ async function side(label: string, tree: string, env: Record<string, string>): P
 
 const send = (s: Side) => () => {
   s.sent++;
-  return s.pub.publishAsync("bench/pair", JSON.stringify({ t: performance.timeOrigin + performance.now(), pad: PAD }), { qos: 1 });
+  const t = performance.timeOrigin + performance.now();
+  const acked = s.pub.publishAsync("bench/pair", JSON.stringify({ t, pad: PAD }), { qos: 1 });
+  if (s.sub) return acked;
+  // One broker: a message is through once it is acknowledged.
+  return acked.then(() => {
+    s.got++;
+    s.lat.push(performance.timeOrigin + performance.now() - t);
+  });
 };
 
 /** Waits until every message sent to `s` arrived (or none came for 3 s: then the burst is reported short). */
@@ -99,7 +121,7 @@ async function drained(s: Side): Promise<void> {
 /** VmRSS of `pid` in MB. */
 const rssOf = (pid: number) => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) / 1024;
 
-const pidsOf = (s: Side) => [s.trio.devA.proc.pid, s.trio.hub.proc.pid, s.trio.devB.proc.pid];
+const pidsOf = (s: Side) => s.agents.map((p) => p.proc.pid);
 
 interface Burst {
   cpuUs: number;
@@ -109,7 +131,7 @@ interface Burst {
   p50: number;
   p99: number;
   lost: number;
-  /** Resident memory of the three agents at the end, MB. */
+  /** Resident memory of the agents at the end, MB. */
   rssMB: number;
 }
 
@@ -159,7 +181,7 @@ try {
   );
   console.log(
     JSON.stringify({
-      workload: `two hops @${rate}/s, side by side`,
+      workload: `${hops === 2 ? "two hops" : "one broker"} @${rate}/s, side by side`,
       sync,
       pairs,
       secs,
@@ -175,8 +197,8 @@ try {
 } finally {
   for (const s of [a, b]) {
     await s.pub.endAsync();
-    await s.sub.endAsync();
-    for (const p of [s.trio.devA, s.trio.devB, s.trio.hub]) await stop(p);
+    await s.sub?.endAsync();
+    for (const p of s.agents) await stop(p);
     rmSync(s.dir, { recursive: true, force: true });
   }
 }
