@@ -124,23 +124,39 @@ export class Receiver {
     if (!next) return;
     const { session, batch, hold } = next;
     const stored = this.store(session, batch);
-    this.chain = this.chain.then(async () => {
-      const ok = await stored;
-      if (!ok || session.state !== "open") return;
-      const ack = ackFrame({ batch: batch.batch, channel: batch.channel, upto: batch.seqs[batch.seqs.length - 1]! });
-      // An ACK the sender let wait goes out after what this turn forwards: held with later
-      // ones, or (when none is likely to come) at the end of the turn.
-      if (batch.delayAck) this.hold(session, ack, hold);
-      else {
-        this.flushAcks();
-        session.send(ack);
-      }
-    });
+    // Stored already, and no earlier ACK still waits for its store: this one is next in order.
+    if (typeof stored === "boolean" && this.chained === 0) this.acknowledge(session, batch, hold, stored);
+    else {
+      this.chained++;
+      this.chain = this.chain.then(async () => {
+        try {
+          this.acknowledge(session, batch, hold, await stored);
+        } finally {
+          this.chained--;
+        }
+      });
+    }
     if (this.queue.length > 0) {
       this.scheduled = true;
       setImmediate(this.pump);
     }
   };
+
+  /** ACKs on the chain whose store has not finished (or that have not gone since). */
+  private chained = 0;
+
+  /** Sends (or holds) the ACK of `batch`, once it and every earlier batch are stored. */
+  private acknowledge(session: Link, batch: Batch, hold: boolean, ok: boolean): void {
+    if (!ok || session.state !== "open") return;
+    const ack = ackFrame({ batch: batch.batch, channel: batch.channel, upto: batch.seqs[batch.seqs.length - 1]! });
+    // An ACK the sender let wait goes out after what this turn forwards: held with later
+    // ones, or (when none is likely to come) at the end of the turn.
+    if (batch.delayAck) this.hold(session, ack, hold);
+    else {
+      this.flushAcks();
+      session.send(ack);
+    }
+  }
 
   /** ACKs held, in order, and the timer (or the end of the turn) that sends them. */
   private held: { session: Link; ack: Uint8Array }[] = [];
@@ -183,8 +199,12 @@ export class Receiver {
     this.dueNow = 0;
   }
 
-  /** Validates, filters and appends; resolves true once durable (false: the session was closed). */
-  private async store(session: Link, batch: Batch): Promise<boolean> {
+  /**
+   * Validates, filters and appends: true once durable (false: the session
+   * was closed), at once when the sink stored the records before returning,
+   * else as a promise.
+   */
+  private store(session: Link, batch: Batch): boolean | Promise<boolean> {
     if (session.state !== "open") return false;
     const { dedup, audit } = this.opts;
     const { selfBytes } = this;
@@ -240,21 +260,50 @@ export class Receiver {
     if (keep.length === 0) return true;
     const entry = this.selfEntry;
     const records = keep.map((k) => ({ id: k.id, body: withRoute(k.body, k.view, entry) }));
-    for (const k of keep) this.pending.add(k.id);
+    const { sink } = this.opts;
+    let done: undefined | Promise<void>;
     try {
-      await this.opts.sink.store(batch.channel, records);
-      for (const k of keep) dedup.seen(k.id, k.key);
-      this.stats.stored += keep.length;
-      return true;
+      done = sink.storeNow ? sink.storeNow(batch.channel, records) : sink.store(batch.channel, records);
     } catch (err) {
-      // Not stored, so not acknowledged: the sender sends it again on the next session. A hub
-      // tier whose cluster is down says so (`unavailable`), so that links retry and clients wait.
-      this.opts.logger.error("could not store a forwarded batch", { peer, channel: batch.channel, error: String(err) });
-      const code = err instanceof KeyopError && err.code === "unavailable" ? "unavailable" : "store_failed";
-      session.close(code, err instanceof Error ? err.message : String(err));
-      return false;
-    } finally {
-      for (const k of keep) this.pending.delete(k.id);
+      return this.notStored(session, batch.channel, err);
     }
+    if (done === undefined) {
+      this.kept(keep);
+      return true;
+    }
+    // Until it is stored, a later batch that carries one of these ids holds a duplicate.
+    for (const k of keep) this.pending.add(k.id);
+    const settled = () => {
+      for (const k of keep) this.pending.delete(k.id);
+    };
+    return done.then(
+      () => {
+        settled();
+        this.kept(keep);
+        return true;
+      },
+      (err: unknown) => {
+        settled();
+        return this.notStored(session, batch.channel, err);
+      },
+    );
+  }
+
+  /** Records stored: remembered as seen, and counted. */
+  private kept(keep: readonly { id: string; key: number }[]): void {
+    for (const k of keep) this.opts.dedup.seen(k.id, k.key);
+    this.stats.stored += keep.length;
+  }
+
+  /**
+   * Not stored, so not acknowledged: the sender sends it again on the next
+   * session. A hub tier whose cluster is down says so (`unavailable`), so
+   * that links retry and clients wait.
+   */
+  private notStored(session: Link, channel: string, err: unknown): false {
+    this.opts.logger.error("could not store a forwarded batch", { peer: session.peer.name, channel, error: String(err) });
+    const code = err instanceof KeyopError && err.code === "unavailable" ? "unavailable" : "store_failed";
+    session.close(code, err instanceof Error ? err.message : String(err));
+    return false;
   }
 }

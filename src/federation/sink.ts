@@ -20,6 +20,13 @@ export interface RecordSink {
    * dropped as a duplicate. Rejects with a `KeyopError` when not stored.
    */
   store(channel: string, records: readonly SinkRecord[]): Promise<void>;
+  /**
+   * `store`, done before it returns when it can be (a lone record into an
+   * open local log): then undefined, the records as durable as `store`'s
+   * promise would have meant. Otherwise the promise `store` gives. A sink
+   * that never stores at once leaves it out.
+   */
+  storeNow?(channel: string, records: readonly SinkRecord[]): undefined | Promise<void>;
 }
 
 /** Where a hub stores what its peers send, when that is not its own log: it may be down. */
@@ -30,12 +37,14 @@ export interface HubStore extends RecordSink {
 
 /** The agent's own log. */
 export function messengerSink(messenger: Messenger): RecordSink {
+  const bodies = (records: readonly SinkRecord[]) => records.map((r) => r.body);
   return {
     store: async (channel, records) => {
-      await messenger.ingest(
-        channel,
-        records.map((r) => r.body),
-      );
+      await messenger.ingest(channel, bodies(records));
+    },
+    storeNow: (channel, records) => {
+      const seqs = messenger.ingestNow(channel, records.length === 1 ? [records[0]!.body] : bodies(records));
+      return Array.isArray(seqs) ? undefined : seqs.then(() => undefined);
     },
   };
 }

@@ -365,6 +365,32 @@ export class Messenger {
   }
 
   /**
+   * `ingest` for a receiver that knows nothing else is stored in this turn
+   * (a batch of one record, alone in its read: a steady link's usual), as
+   * `publishNow` is to `publish`: when the channel's log is open and nothing
+   * waits ahead of it, the record is written before this returns, and its
+   * seq comes back as it is. Otherwise a promise, as from `ingest`; this
+   * never throws.
+   */
+  ingestNow(channel: string, bodies: readonly Uint8Array[]): number[] | Promise<number[]> {
+    if (bodies.length !== 1 || this.state !== "open" || !this.policies.empty || isInbox(channel)) return this.ingest(channel, bodies);
+    const body = bodies[0]!;
+    if (body.length > this.cfg.maxMessageBytes) return this.ingest(channel, bodies);
+    // A log that is open already was opened under a checked name; a new one goes the long way.
+    const log = this.store.get(channel);
+    if (log === undefined) return this.ingest(channel, bodies);
+    const seq = log.appendNow(body);
+    if (typeof seq !== "number") {
+      return seq.then((s) => {
+        this.countersOf(channel).published++;
+        return [s];
+      });
+    }
+    this.countersOf(channel).published++;
+    return [seq];
+  }
+
+  /**
    * Stores messages exported from a log (`keyop import`) with their ids,
    * times, origins and routes as they were (this instance added to the
    * route). One whose id its channel holds already, or that comes twice,

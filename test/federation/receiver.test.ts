@@ -139,6 +139,67 @@ describe("Receiver ACKs", () => {
     expect(c.acks.map((x) => x.batch)).toEqual([1]);
   });
 
+  test("a store done before storeNow returns is acknowledged at once, but never ahead of an earlier batch still being stored", async () => {
+    const stored: string[] = [];
+    const later: (() => void)[] = [];
+    const failures: unknown[] = [];
+    let mode: "now" | "later" | "reject" | "throw" = "now";
+    const receiver = new Receiver({
+      sink: {
+        store: () => Promise.reject(new Error("storeNow is there: store must not be called")),
+        storeNow: (_channel, records) => {
+          const ids = records.map((r) => r.id);
+          if (mode === "throw") throw new Error("disk on fire");
+          if (mode === "reject") return Promise.reject(new Error("disk full"));
+          if (mode === "now") {
+            stored.push(...ids);
+            return undefined;
+          }
+          return new Promise<void>((resolve) => later.push(() => (stored.push(...ids), resolve())));
+        },
+      },
+      self: "hub",
+      dedup: new RecentIds(1000),
+      logger: { ...silentLogger, error: (_m: string, f?: Record<string, unknown>) => void failures.push(f?.error) },
+    });
+    const { link, acks } = fakeLink();
+    const one = (n: number, body = buildEnvelope("dev", { channel: "up.x", type: "t", payload: n }, 65_536).body): Batch => ({ batch: n, channel: "up.x", seqs: [n], records: [body] });
+
+    receiver.handle(link, one(1));
+    expect(acks.map((a) => a.batch)).toEqual([1]); // stored and acknowledged before handle returned
+
+    mode = "later";
+    const slow = one(2);
+    receiver.handle(link, slow);
+    mode = "now";
+    receiver.handle(link, one(3));
+    // The same record as batch 2, while batch 2 is still being stored: a duplicate, not stored twice.
+    receiver.handle(link, one(4, slow.records[0]));
+    await turns();
+    expect(stored).toHaveLength(2); // batches 1 and 3
+    expect(acks.map((a) => a.batch)).toEqual([1]); // 3 and 4 wait behind 2
+    later.shift()!();
+    await waitFor(() => acks.length === 4, "the ACKs of 2, 3 and 4");
+    expect(acks.map((a) => a.batch)).toEqual([1, 2, 3, 4]);
+    expect(stored).toHaveLength(3);
+    expect(receiver.stats).toMatchObject({ stored: 3, duplicates: 1 });
+
+    // With the chain empty again, a store done at once is acknowledged at once.
+    receiver.handle(link, one(5));
+    expect(acks.map((a) => a.batch)).toEqual([1, 2, 3, 4, 5]);
+
+    // A store that fails, at once or later, is not acknowledged: the session closes.
+    for (const m of ["throw", "reject"] as const) {
+      const f = fakeLink();
+      mode = m;
+      receiver.handle(f.link, one(6));
+      await waitFor(() => f.link.state === "closed", `closed after ${m}`);
+      expect(f.acks).toEqual([]);
+    }
+    expect(failures.map(String)).toEqual(["Error: disk on fire", "Error: disk full"]);
+    expect(receiver.stats.stored).toBe(4);
+  });
+
   test("a record twice in one batch, and again in a later one of one record, is stored once; both batches are acknowledged", async () => {
     const a = setup(0);
     const env = buildEnvelope("dev", { channel: "up.x", type: "t", payload: "once" }, 65_536).body;

@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { Messenger, RetryLater, type Message, type MessengerConfig } from "../../src/index.ts";
+import { encodeEnvelope } from "../../src/envelope/envelope.ts";
 import { tmpDir, waitFor } from "../helpers.ts";
 
 const open = (dir = tmpDir(), extra: Partial<MessengerConfig> = {}) => Messenger.open({ name: "dev1", ...extra, storage: { ...extra.storage, dataDir: dir } });
@@ -71,6 +72,53 @@ describe("publish", () => {
     ]);
     expect(m.stats().latency.fsync.count).toBeLessThanOrEqual(2 + 2); // one per channel, plus channel creation slack
     await m.close();
+  });
+
+  test("ingestNow: a lone forwarded record into an open log with nothing ahead is stored before it returns; otherwise a promise, and bad input rejects rather than throws", async () => {
+    const m = await open(tmpDir(), { maxMessageBytes: 1000, storage: { dataDir: "", sync: "none" } });
+    try {
+      const env = (n: number) => encodeEnvelope({ id: `id-${n}`, ts: Date.now(), channel: "up.x", origin: "dev", type: "t", route: ["dev", "dev1"], payload: n });
+      // The channel's log is not open yet: the long way, as `ingest`.
+      const first = m.ingestNow("up.x", [env(1)]);
+      expect(first).toBeInstanceOf(Promise);
+      expect(await first).toEqual([1]);
+      // Once nothing waits in the log (its first fill, the turn a group commit leaves), a record
+      // is stored before the call returns: its seq, and the log has moved, with no await between.
+      let n = 1;
+      let atOnce = 0;
+      const deadline = performance.now() + 5_000;
+      while (atOnce < 3 && performance.now() < deadline) {
+        n++;
+        const r = m.ingestNow("up.x", [env(n)]);
+        if (Array.isArray(r)) {
+          expect(r).toEqual([n]);
+          expect(m.channelLog("up.x")?.nextSeq).toBe(n + 1);
+          atOnce++;
+        } else expect(await r).toEqual([n]);
+        await new Promise((r) => setImmediate(r));
+      }
+      expect(atOnce).toBe(3);
+      // Several records share one commit the usual way.
+      const many = m.ingestNow("up.x", [env(n + 1), env(n + 2)]);
+      expect(many).toBeInstanceOf(Promise);
+      expect(await many).toEqual([n + 1, n + 2]);
+      n += 2;
+      // Bad input is refused as `ingest` refuses it, as a rejection.
+      const big = m.ingestNow("up.x", [new Uint8Array(2000)]);
+      await expect(Promise.resolve(big)).rejects.toMatchObject({ code: "too_large" });
+      const bad = m.ingestNow("bad..x", [env(0)]);
+      await expect(Promise.resolve(bad)).rejects.toMatchObject({ code: "invalid_channel" });
+      expect(m.stats().channels.find((c) => c.channel === "up.x")?.published).toBe(n);
+      const got: number[] = [];
+      await m.subscribe("up.x", "r", (msg) => void got.push(msg.payload as number), { from: "earliest" });
+      await waitFor(() => got.length === n, "all delivered");
+      expect(got).toEqual(Array.from({ length: n }, (_, i) => i + 1));
+    } finally {
+      await m.close();
+    }
+    const closed = m.ingestNow("up.x", [new Uint8Array(10)]);
+    expect(closed).toBeInstanceOf(Promise);
+    await expect(closed).rejects.toMatchObject({ code: "closed" });
   });
 
   test("publishing after close is refused", async () => {
