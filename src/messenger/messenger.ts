@@ -352,7 +352,10 @@ export class Messenger {
     for (const b of bodies) {
       if (b.length > this.cfg.maxMessageBytes) throw new TooLargeError(`forwarded message of ${b.length} bytes exceeds the limit of ${this.cfg.maxMessageBytes}`);
     }
-    const log = await this.logFor(channel);
+    // An open log is taken as it is, so that the records are queued before this returns: an
+    // `ingestNow` right behind must find them ahead of its own (no turn through a resolved promise).
+    const open = this.logFor(channel);
+    const log = open instanceof Promise ? await open : open;
     if (!this.policies.empty)
       await this.roomFor(
         log,

@@ -103,6 +103,12 @@ describe("publish", () => {
       expect(many).toBeInstanceOf(Promise);
       expect(await many).toEqual([n + 1, n + 2]);
       n += 2;
+      // A lone record right behind several still being stored keeps its place behind them.
+      const behind = m.ingest("up.x", [env(n + 1), env(n + 2)]);
+      const lone = m.ingestNow("up.x", [env(n + 3)]);
+      expect(await behind).toEqual([n + 1, n + 2]);
+      expect(await lone).toEqual([n + 3]);
+      n += 3;
       // Bad input is refused as `ingest` refuses it, as a rejection.
       const big = m.ingestNow("up.x", [new Uint8Array(2000)]);
       await expect(Promise.resolve(big)).rejects.toMatchObject({ code: "too_large" });
