@@ -186,43 +186,53 @@ export class Forwarder implements Sender {
     await Promise.all(this.readers.map((r) => this.pump(r)));
   }
 
-  private async pump(reader: CursorReader<StoredEnvelope>): Promise<void> {
+  /**
+   * Sends one pattern's deliveries as the reader hands them over; the
+   * next ones are fetched once these are out, so what waits to go is at
+   * most one fetch per pattern.
+   */
+  private pump(reader: CursorReader<StoredEnvelope>): Promise<void> {
     const { session } = this.opts;
     const peerBytes = utf8Bytes(session.peer.name);
-    while (!this.stopped && session.state === "open") {
-      const ds = await reader.next();
-      if (ds === null || this.stopped || session.state !== "open") return;
-      for (const d of ds) {
-        const looped = d.records.filter((r) => routeIncludes(r.body, r.view, peerBytes));
-        this.loopSkipped += looped.length;
-        // One batch is one channel: the peer's rules are checked once, not per record.
-        const allowed = this.opts.allow?.(d.channel) ?? true;
-        let toSend = !allowed ? [] : looped.length === 0 ? d.records : d.records.filter((r) => !routeIncludes(r.body, r.view, peerBytes));
-        if (toSend.length > 1 && this.latest(d.channel)) {
-          // Backlogged on a last-value channel: only the newest goes.
-          this.superseded += toSend.length - 1;
-          this.opts.messenger.noteSuperseded(d.channel, toSend.length - 1);
-          toSend = toSend.slice(-1);
-        }
-        if (toSend.length === 0) {
-          // Nothing the peer may or should get: done at once (the cursor still waits for any
-          // earlier batch of the channel that is unacknowledged).
-          reader.ack(d);
-          continue;
-        }
-        if (this.opts.onRequest) for (const r of toSend) if (r.view.replyToStart >= 0) this.opts.onRequest(envelopeReplyTo(r.body, r.view)!, r.view.expires);
-        const batch = this.nextBatch++;
-        if (this.inflight.size === 0) this.lastProgress = performance.now();
-        this.inflight.set(batch, { reader, delivery: d });
-        if (this.stallTimer === null && this.opts.stallMs) this.armStall(this.opts.stallMs);
-        // While the window has room the ACK may come a little later, with others in one write.
-        const delayAck = reader.inflight < this.opts.window;
-        const frame = batchFrame({ batch, channel: d.channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body), delayAck });
-        this.lanes.push(this.laneOf(d.channel), session.pack(frame));
+    const deliver = (ds: Delivery<StoredEnvelope>[]) => {
+      if (this.stopped || session.state !== "open") {
+        // Not sent: they come again from the cursor with the next session.
+        reader.stop();
+        return;
       }
-      // The next batches are fetched once these are out: what waits to go is at most one fetch per pattern.
-      await this.lanes.idle();
+      for (const d of ds) this.send(reader, d, peerBytes);
+    };
+    return reader.run(deliver, () => (this.lanes.busy ? this.lanes.idle() : undefined));
+  }
+
+  private send(reader: CursorReader<StoredEnvelope>, d: Delivery<StoredEnvelope>, peerBytes: Uint8Array): void {
+    const { session } = this.opts;
+    const looped = d.records.filter((r) => routeIncludes(r.body, r.view, peerBytes));
+    this.loopSkipped += looped.length;
+    // One batch is one channel: the peer's rules are checked once, not per record.
+    const allowed = this.opts.allow?.(d.channel) ?? true;
+    let toSend = !allowed ? [] : looped.length === 0 ? d.records : d.records.filter((r) => !routeIncludes(r.body, r.view, peerBytes));
+    if (toSend.length > 1 && this.latest(d.channel)) {
+      // Backlogged on a last-value channel: only the newest goes.
+      this.superseded += toSend.length - 1;
+      this.opts.messenger.noteSuperseded(d.channel, toSend.length - 1);
+      toSend = toSend.slice(-1);
     }
+    if (toSend.length === 0) {
+      // Nothing the peer may or should get: done at once (the cursor still waits for any
+      // earlier batch of the channel that is unacknowledged).
+      reader.ack(d);
+      return;
+    }
+    if (this.opts.onRequest) for (const r of toSend) if (r.view.replyToStart >= 0) this.opts.onRequest(envelopeReplyTo(r.body, r.view)!, r.view.expires);
+    const batch = this.nextBatch++;
+    if (this.inflight.size === 0) this.lastProgress = performance.now();
+    this.inflight.set(batch, { reader, delivery: d });
+    if (this.stallTimer === null && this.opts.stallMs) this.armStall(this.opts.stallMs);
+    // While the window has room the ACK may come a little later, with others in one write.
+    const delayAck = reader.inflight < this.opts.window;
+    const frame = batchFrame({ batch, channel: d.channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body), delayAck });
+    this.lanes.push(this.laneOf(d.channel), session.pack(frame));
   }
 
   /** Per lane: what waits to go, and what went. */

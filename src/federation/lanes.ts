@@ -123,6 +123,11 @@ export class LaneScheduler {
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
+  /** Something is queued or the session does not take more now: `idle()` would wait. */
+  get busy(): boolean {
+    return !this.stopped && (this.queued > 0 || this.waitingWritable);
+  }
+
   /** Frames waiting, over all lanes. */
   get queuedFrames(): number {
     return this.queued;

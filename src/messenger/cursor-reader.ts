@@ -19,6 +19,8 @@ import type { Window } from "./window.ts";
 /** How records are fetched and what they are. */
 export interface RecordForm<T> {
   fetch(sub: DurableSubscriber, opts: FetchOptions): Promise<T[]>;
+  /** `fetch` from memory: null when nothing was taken and the records are on disk. */
+  fetchNow(sub: DurableSubscriber, opts: FetchOptions): T[] | null;
   channel(r: T): string;
   seq(r: T): number;
   /** Bytes the window counts for the record. */
@@ -30,6 +32,7 @@ export interface RecordForm<T> {
 /** Decoded messages (MQTT, HTTP streams). Their window is a count: a receive maximum, max_inflight. */
 export const MESSAGES: RecordForm<Message> = {
   fetch: (sub, opts) => sub.fetch(opts),
+  fetchNow: (sub, opts) => sub.fetchNow(opts),
   channel: (m) => m.channel,
   seq: (m) => m.seq,
   bytes: () => 0,
@@ -39,6 +42,7 @@ export const MESSAGES: RecordForm<Message> = {
 /** Stored envelopes as they are on disk (federation: forwarded as stored, never decoded). */
 export const STORED: RecordForm<StoredEnvelope> = {
   fetch: (sub, opts) => sub.fetchRaw(opts),
+  fetchNow: (sub, opts) => sub.fetchRawNow(opts),
   channel: (r) => r.channel,
   seq: (r) => r.seq,
   bytes: (r) => r.body.length,
@@ -143,6 +147,17 @@ class Queue {
   }
 }
 
+/** What `poll` returns when there is nothing to hand out now, and when the records are on disk. */
+const NOTHING: never[] = [];
+const ON_DISK = Symbol("on disk");
+
+interface Driver<T> {
+  deliver(ds: Delivery<T>[]): void;
+  ready(): Promise<void> | undefined;
+  resolve(): void;
+  reject(err: unknown): void;
+}
+
 /** The reader of one durable subscriber for one consumer. */
 export class CursorReader<T> {
   readonly sub: DurableSubscriber;
@@ -160,6 +175,12 @@ export class CursorReader<T> {
   /** Something was committed, acknowledged or created since the last fetch began. */
   private dirty = true;
   private wake: (() => void) | null = null;
+  /** The consumer of `run`, if it runs. */
+  private driver: Driver<T> | null = null;
+  /** `run`'s loop is going, or waits for a read or the consumer. */
+  private busy = false;
+  /** A step is queued as a microtask. */
+  private scheduled = false;
   /** The subscriber's pattern may match several channels (a fetch may then hold several runs). */
   private readonly wildcard: boolean;
 
@@ -187,42 +208,164 @@ export class CursorReader<T> {
    * keep-alive), null once stopped or on `signal`.
    */
   async next(opts: { idleMs?: number; signal?: AbortSignal } = {}): Promise<Delivery<T>[] | null> {
-    const { window, form } = this.opts;
-    if (!this.watching) {
-      // Commits and new channels only set a flag and wake the loop; set before a fetch starts,
-      // the flag cannot miss a commit that lands while the fetch runs.
-      this.watching = true;
-      this.offs.push(this.sub.watch(this.poke));
-    }
+    this.startWatching();
     const deadline = opts.idleMs === undefined ? Number.POSITIVE_INFINITY : performance.now() + opts.idleMs;
-    // Every fetched record is handed out when each record takes room (one per delivery, or a
-    // records window); otherwise channels past the room must not move, and the fetch gets a copy.
-    const handsOutAll = this.opts.unit === "record" || this.countRecords;
     while (!this.stopped && !opts.signal?.aborted) {
-      const room = window.room();
-      // An acknowledgement and room given back wake the loop too, and when the consumer keeps
-      // up nothing is past what it was handed: then it goes back to sleep without a fetch.
-      if (room > 0 && this.dirty) {
-        this.dirty = false;
-        if (!this.sub.hasAfter(this.sent)) continue;
-        // A fetch holds at most one run per channel: with room for one of each, all of it is
-        // handed out too, and the fetch may move the positions itself.
-        const after = handsOutAll || room >= this.sub.channelCount() ? this.sent : new Map(this.sent);
-        const max = handsOutAll ? Math.min(room, this.opts.maxRecords) : this.opts.maxRecords;
-        const recs = await form.fetch(this.sub, { max, maxBytes: this.opts.maxBytes, after });
+      const got = this.poll();
+      if (got === ON_DISK) {
+        const ds = await this.fromDisk();
         if (this.stopped || opts.signal?.aborted) return null;
-        if (recs.length > 0) {
-          this.dirty = true; // there may be more
-          return this.deliveries(recs, room, handsOutAll);
-        }
+        if (ds.length > 0) return ds;
+        continue;
       }
-      if (!this.dirty || window.room() <= 0) {
+      if (got.length > 0) return got;
+      if (!this.dirty || this.opts.window.room() <= 0) {
         const left = deadline - performance.now();
         if (left <= 0) return [];
         await this.sleep(left, opts.signal);
       }
     }
     return null;
+  }
+
+  /**
+   * Hands deliveries to `deliver` as records come and the window has room,
+   * until `stop()`. While the records are in memory and `ready` answers
+   * undefined (the consumer takes more at once), a commit is carried to
+   * `deliver` in one microtask, with no promise or timer per delivery;
+   * `ready` returns a promise while the consumer is busy (its output
+   * queue), and the reader looks again once it settles. The promise
+   * returned settles when the reader stops, or rejects with what `deliver`
+   * or a read threw.
+   */
+  run(deliver: (ds: Delivery<T>[]) => void, ready: () => Promise<void> | undefined): Promise<void> {
+    if (this.driver) throw new Error("the reader is already running");
+    this.startWatching();
+    return new Promise<void>((resolve, reject) => {
+      this.driver = { deliver, ready, resolve, reject };
+      // The first look in a microtask, as a fetch would: whatever the caller writes right after
+      // starting the reader (an MQTT SUBACK) goes out before the first delivery.
+      if (this.stopped) resolve();
+      else this.schedule();
+    });
+  }
+
+  /** Sets the commit and new-channel watch once; it is set before the first fetch, so no commit is missed. */
+  private startWatching(): void {
+    if (this.watching) return;
+    this.watching = true;
+    this.offs.push(this.sub.watch(this.poke));
+  }
+
+  /**
+   * One look without waiting: the deliveries there is room for, [] when
+   * there is nothing to do until the next poke, ON_DISK when the next
+   * records must be read from disk (`fromDisk`).
+   */
+  private poll(): Delivery<T>[] | typeof ON_DISK {
+    const room = this.opts.window.room();
+    // An acknowledgement and room given back poke too, and when the consumer keeps up nothing
+    // is past what it was handed: then there is nothing to fetch.
+    if (room <= 0 || !this.dirty) return NOTHING;
+    this.dirty = false;
+    if (!this.sub.hasAfter(this.sent)) return NOTHING;
+    const f = this.fetchOptions(room);
+    const recs = this.opts.form.fetchNow(this.sub, f);
+    if (recs === null) {
+      this.dirty = true;
+      return ON_DISK;
+    }
+    if (recs.length === 0) return NOTHING;
+    this.dirty = true; // there may be more
+    return this.deliveries(recs, room, f.handsOutAll);
+  }
+
+  /** The next deliveries read from disk; [] when there were none after all. */
+  private async fromDisk(): Promise<Delivery<T>[]> {
+    const room = this.opts.window.room();
+    if (room <= 0) return [];
+    this.dirty = false;
+    const f = this.fetchOptions(room);
+    const recs = await this.opts.form.fetch(this.sub, f);
+    if (this.stopped || recs.length === 0) return [];
+    this.dirty = true;
+    return this.deliveries(recs, room, f.handsOutAll);
+  }
+
+  private fetchOptions(room: number): FetchOptions & { handsOutAll: boolean } {
+    // Every fetched record is handed out when each record takes room (one per delivery, or a
+    // records window); otherwise channels past the room must not move, and the fetch gets a copy.
+    const handsOutAll = this.opts.unit === "record" || this.countRecords;
+    // A fetch holds at most one run per channel: with room for one of each, all of it is
+    // handed out too, and the fetch may move the positions itself.
+    const after = handsOutAll || room >= this.sub.channelCount() ? this.sent : new Map(this.sent);
+    const max = handsOutAll ? Math.min(room, this.opts.maxRecords) : this.opts.maxRecords;
+    return { max, maxBytes: this.opts.maxBytes, after, handsOutAll };
+  }
+
+  /** The push loop of `run`: as far as it can go now; a read from disk or a busy consumer resumes it later. */
+  private readonly step = (): void => {
+    this.scheduled = false;
+    const d = this.driver;
+    if (!d || this.busy) return;
+    this.busy = true;
+    try {
+      for (;;) {
+        if (this.stopped) break;
+        const got = this.poll();
+        if (got === ON_DISK) {
+          this.fromDisk().then((ds) => this.resume(ds), this.fail);
+          return;
+        }
+        if (got.length === 0) break;
+        d.deliver(got);
+        const wait = this.stopped ? undefined : d.ready();
+        if (wait) {
+          wait.then(() => this.resume([]), this.fail);
+          return;
+        }
+      }
+    } catch (err) {
+      this.fail(err);
+      return;
+    }
+    this.busy = false;
+    // A poke that came while the loop ran found it busy.
+    if (this.dirty && !this.stopped && this.opts.window.room() > 0) this.schedule();
+  };
+
+  /** Back from a read from disk or a wait for the consumer: hands over what was read, then steps on. */
+  private resume(ds: Delivery<T>[]): void {
+    const d = this.driver;
+    if (!d) return;
+    try {
+      if (ds.length > 0 && !this.stopped) {
+        d.deliver(ds);
+        const wait = this.stopped ? undefined : d.ready();
+        if (wait) {
+          wait.then(() => this.resume([]), this.fail);
+          return;
+        }
+      }
+    } catch (err) {
+      this.fail(err);
+      return;
+    }
+    this.busy = false;
+    this.step();
+  }
+
+  private readonly fail = (err: unknown): void => {
+    const d = this.driver;
+    this.busy = false;
+    d?.reject(err); // before `stop`, which would settle the promise as a plain end
+    this.stop();
+  };
+
+  private schedule(): void {
+    if (this.scheduled || this.busy || !this.driver) return;
+    this.scheduled = true;
+    queueMicrotask(this.step);
   }
 
   /** The consumer is done with `d` (the peer or client acknowledged it, or it was passed over). */
@@ -262,6 +405,7 @@ export class CursorReader<T> {
     this.stopped = true;
     for (const off of this.offs.splice(0)) off();
     this.poke();
+    this.driver?.resolve();
   }
 
   /** Gives what `e` still holds back to the window. */
@@ -364,6 +508,7 @@ export class CursorReader<T> {
     const w = this.wake;
     this.wake = null;
     w?.();
+    if (this.driver && !this.stopped) this.schedule();
   };
 
   private sleep(ms: number, signal?: AbortSignal): Promise<void> {

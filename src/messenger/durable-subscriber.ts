@@ -9,6 +9,7 @@ import { decodeEnvelope, type Message } from "../envelope/envelope.ts";
 import { InvalidArgumentError, UnknownChannelError } from "../errors.ts";
 import type { Logger } from "../observability/logger.ts";
 import type { ChannelLog } from "../store/channel-log.ts";
+import type { RawRecord } from "../store/record.ts";
 import type { CursorState, CursorStore } from "../store/cursor-store.ts";
 
 /** What a durable subscriber needs from its messenger. */
@@ -47,6 +48,26 @@ export interface StoredEnvelope {
   channel: string;
   view: EnvelopeView;
   body: Uint8Array;
+}
+
+/** Takes one record of a fetch; false for one that expired. */
+type Push = (body: Uint8Array, seq: number, channel: string) => boolean;
+
+/** Where a fetch is: the channels in the order it takes them, the next one, and what it took. */
+interface Gathering {
+  logs: ChannelLog[];
+  start: number;
+  k: number;
+  count: number;
+  bytes: number;
+  maxBytes: number;
+}
+
+/** One channel's read: from where, and its acked cursor when the fetch came to it. */
+interface ReadAt {
+  log: ChannelLog;
+  from: number;
+  acked: number;
 }
 
 /** A handle on one durable subscriber (pattern + name). */
@@ -142,15 +163,18 @@ export class DurableSubscriber {
    */
   async fetchRaw(opts: FetchOptions): Promise<StoredEnvelope[]> {
     const out: StoredEnvelope[] = [];
-    const now = Date.now();
-    await this.collect(opts, (body, seq, channel) => {
-      // Nothing is decoded: decoding whole envelopes was most of a forwarder's CPU.
-      const view = scanEnvelope(body);
-      if (view.expires > 0 && view.expires <= now) return false;
-      out.push({ seq, channel, view, body });
-      return true;
-    });
+    await this.collect(opts, this.rawPush(out));
     return out;
+  }
+
+  /**
+   * `fetchRaw` without waiting, for a reader that keeps up with the log:
+   * null when nothing was taken and the next records must come from disk
+   * (then `fetchRaw`).
+   */
+  fetchRawNow(opts: FetchOptions): StoredEnvelope[] | null {
+    const out: StoredEnvelope[] = [];
+    return this.collectNow(opts, this.rawPush(out)) || out.length > 0 ? out : null;
   }
 
   /**
@@ -160,14 +184,35 @@ export class DurableSubscriber {
    */
   async fetch(opts: FetchOptions): Promise<Message[]> {
     const out: Message[] = [];
+    await this.collect(opts, this.decodedPush(out));
+    return out;
+  }
+
+  /** `fetch` without waiting: null when nothing was taken and the next records must come from disk. */
+  fetchNow(opts: FetchOptions): Message[] | null {
+    const out: Message[] = [];
+    return this.collectNow(opts, this.decodedPush(out)) || out.length > 0 ? out : null;
+  }
+
+  private rawPush(out: StoredEnvelope[]): Push {
     const now = Date.now();
-    await this.collect(opts, (body, seq) => {
+    return (body, seq, channel) => {
+      // Nothing is decoded: decoding whole envelopes was most of a forwarder's CPU.
+      const view = scanEnvelope(body);
+      if (view.expires > 0 && view.expires <= now) return false;
+      out.push({ seq, channel, view, body });
+      return true;
+    };
+  }
+
+  private decodedPush(out: Message[]): Push {
+    const now = Date.now();
+    return (body, seq) => {
       const m = decodeEnvelope(body, seq);
       if (m.expires !== undefined && m.expires <= now) return false;
       out.push(m);
       return true;
-    });
-    return out;
+    };
   }
 
   /**
@@ -177,51 +222,84 @@ export class DurableSubscriber {
    * after the acked cursor, with nothing before them still out, are acked
    * at once, so that they neither count as lag nor pin retention.
    */
-  private async collect(opts: FetchOptions, push: (body: Uint8Array, seq: number, channel: string) => boolean): Promise<void> {
+  private async collect(opts: FetchOptions, push: Push): Promise<void> {
+    const g = this.gathering(opts);
+    if (!g) return;
+    for (let at = this.gatherNow(g, opts, push); at; at = this.gatherNow(g, opts, push)) {
+      const recs = await at.log.read(at.from, opts.max - g.count, g.maxBytes - g.bytes);
+      this.take(g, opts, push, at, recs);
+    }
+  }
+
+  /** `collect` from memory only: false when it stopped at a channel whose next records are on disk. */
+  private collectNow(opts: FetchOptions, push: Push): boolean {
+    const g = this.gathering(opts);
+    return !g || this.gatherNow(g, opts, push) === null;
+  }
+
+  /** A fetch's running totals; null when there is nothing to read from. */
+  private gathering(opts: FetchOptions): Gathering | null {
     const logs = this.host.matchingLogs(this.pattern);
-    let count = 0;
-    if (logs.length === 0 || opts.max <= 0) return;
-    const maxBytes = opts.maxBytes ?? 4 * 1024 * 1024;
-    let bytes = 0;
-    const start = this.rotate++ % logs.length;
-    for (let k = 0; k < logs.length && count < opts.max && bytes < maxBytes; k++) {
-      const log = logs[(start + k) % logs.length]!;
+    if (logs.length === 0 || opts.max <= 0) return null;
+    return { logs, start: this.rotate++ % logs.length, k: 0, count: 0, bytes: 0, maxBytes: opts.maxBytes ?? 4 * 1024 * 1024 };
+  }
+
+  /**
+   * Takes the channels in turn from where `g` is, as far as their records
+   * are in memory; returns the channel it stopped at when one must be read
+   * from disk (the caller reads it and hands the records to `take`), else null.
+   */
+  private gatherNow(g: Gathering, opts: FetchOptions, push: Push): ReadAt | null {
+    for (; g.k < g.logs.length && g.count < opts.max && g.bytes < g.maxBytes; g.k++) {
+      const log = g.logs[(g.start + g.k) % g.logs.length]!;
       const acked = this.cursor(log);
       const from = Math.max(opts.after?.get(log.name) ?? acked, acked, log.firstSeq);
       if (from >= log.nextSeq) continue;
-      const recs = await log.read(from, opts.max - count, maxBytes - bytes);
-      let redelivered = 0;
-      let expired = 0;
-      let sent = 0;
-      // The last of the expired records right after the cursor (from - 1: none), while `leading`.
-      let expiredPrefix = from - 1;
-      let leading = from === acked;
-      const hw = this.highWater.get(log.name) ?? 0;
-      for (const r of recs) {
-        try {
-          if (!push(r.body, r.seq, log.name)) {
-            if (r.seq > hw) expired++;
-            if (leading && expiredPrefix === r.seq - 1) expiredPrefix = r.seq;
-            continue;
-          }
-          count++;
-          sent++;
-        } catch (err) {
-          this.host.logger.error("record is not an envelope, skipped", { channel: log.name, seq: r.seq, error: String(err) });
+      const recs = log.readNow(from, opts.max - g.count, g.maxBytes - g.bytes);
+      const at = { log, from, acked };
+      if (recs === null) {
+        g.k++;
+        return at;
+      }
+      this.take(g, opts, push, at, recs);
+    }
+    return null;
+  }
+
+  /** Hands one channel's records to `push` and moves the positions and counts past them. */
+  private take(g: Gathering, opts: FetchOptions, push: Push, at: ReadAt, recs: RawRecord[]): void {
+    const { log, from, acked } = at;
+    let redelivered = 0;
+    let expired = 0;
+    let sent = 0;
+    // The last of the expired records right after the cursor (from - 1: none), while `leading`.
+    let expiredPrefix = from - 1;
+    let leading = from === acked;
+    const hw = this.highWater.get(log.name) ?? 0;
+    for (const r of recs) {
+      try {
+        if (!push(r.body, r.seq, log.name)) {
+          if (r.seq > hw) expired++;
+          if (leading && expiredPrefix === r.seq - 1) expiredPrefix = r.seq;
           continue;
         }
-        leading = false;
-        bytes += r.body.length;
-        if (r.seq <= hw) redelivered++;
+        g.count++;
+        sent++;
+      } catch (err) {
+        this.host.logger.error("record is not an envelope, skipped", { channel: log.name, seq: r.seq, error: String(err) });
+        continue;
       }
-      if (recs.length > 0) {
-        const last = recs[recs.length - 1]!.seq;
-        opts.after?.set(log.name, last + 1);
-        if (last > hw) this.highWater.set(log.name, last);
-        if (sent > 0) this.host.noteSent(log.name, sent, redelivered);
-        if (expired > 0) this.host.noteExpired(log.name, expired);
-        if (expiredPrefix >= from && from === acked) this.ack(log.name, expiredPrefix);
-      }
+      leading = false;
+      g.bytes += r.body.length;
+      if (r.seq <= hw) redelivered++;
+    }
+    if (recs.length > 0) {
+      const last = recs[recs.length - 1]!.seq;
+      opts.after?.set(log.name, last + 1);
+      if (last > hw) this.highWater.set(log.name, last);
+      if (sent > 0) this.host.noteSent(log.name, sent, redelivered);
+      if (expired > 0) this.host.noteExpired(log.name, expired);
+      if (expiredPrefix >= from && from === acked) this.ack(log.name, expiredPrefix);
     }
   }
 

@@ -871,15 +871,25 @@ export class ChannelLog {
   }
 
   /**
+   * `read` without waiting, for a reader that keeps up: the records when
+   * the tail cache holds them, [] when there is nothing new, null when they
+   * must come from disk (then `read`).
+   */
+  readNow(fromSeq: number, maxCount = 1000, maxBytes = 1 << 20): RawRecord[] | null {
+    this.tail.noteRead();
+    const from = Math.max(fromSeq, this.firstSeq);
+    if (from >= this.nextSeq) return [];
+    return this.tail.read(from, maxCount, maxBytes);
+  }
+
+  /**
    * Reads committed records with seq >= `fromSeq` (clamped up to firstSeq),
    * at most `maxCount` and about `maxBytes`; [] when there is nothing new.
    */
   async read(fromSeq: number, maxCount = 1000, maxBytes = 1 << 20): Promise<RawRecord[]> {
-    this.tail.noteRead();
+    const now = this.readNow(fromSeq, maxCount, maxBytes);
+    if (now) return now;
     const from = Math.max(fromSeq, this.firstSeq);
-    if (from >= this.nextSeq) return [];
-    const cached = this.tail.read(from, maxCount, maxBytes);
-    if (cached) return cached;
     const segs = this.segments;
     let lo = 0;
     let hi = segs.length - 1;

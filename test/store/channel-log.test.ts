@@ -36,6 +36,21 @@ function capture(): { logger: Logger; lines: string[] } {
 }
 
 describe("ChannelLog", () => {
+  test("readNow: the tail from memory, [] when there is nothing new, null when the records are only on disk", async () => {
+    const dir = join(tmpDir(), "c");
+    const log = await ChannelLog.open("c", dir, opts({ sync: "none", tailCacheBytes: 200 }), { create: true });
+    const off = log.onCommit(() => {}); // a watched log keeps its tail in memory
+    for (let i = 0; i < 20; i++) await log.append(bodyOf(i, 20));
+    expect(log.readNow(21)).toEqual([]);
+    const tail = log.readNow(20)!;
+    expect(tail.map((r) => [r.seq, dec.decode(r.body)])).toEqual([[20, `record-19${"x".repeat(20)}`]]);
+    // The cache holds about 200 bytes: the first records left it, and only `read` has them.
+    expect(log.readNow(1)).toBeNull();
+    expect((await log.read(1, 1)).map((r) => r.seq)).toEqual([1]);
+    off();
+    await log.close();
+  });
+
   test("appends get consecutive seqs starting at 1 and read back intact", async () => {
     const dir = join(tmpDir(), "c");
     const log = await ChannelLog.open("c", dir, opts(), { create: true });
