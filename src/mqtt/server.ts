@@ -205,6 +205,7 @@ export class MqttServer implements SessionHost {
       {
         write: (bytes) => out.push(bytes),
         writable: () => out.writable(),
+        behind: () => out.full,
         end() {
           out.flushNow();
           out.close();
@@ -374,6 +375,7 @@ export class MqttServer implements SessionHost {
           ws.data.session = new MqttSession(self, {
             write: (bytes) => out.push(bytes),
             writable: () => (ws.getBufferedAmount() <= CLIENT_HIGH_WATER_BYTES ? out.writable() : new Promise<void>((r) => ws.data.waiters.push(r))),
+            behind: () => ws.getBufferedAmount() > CLIENT_HIGH_WATER_BYTES || out.full,
             end() {
               out.flushNow();
               out.close();

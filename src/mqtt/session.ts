@@ -60,6 +60,8 @@ export interface Wire {
   write(bytes: Uint8Array): boolean;
   /** Resolves once the client has caught up below the high-water mark. */
   writable(): Promise<void>;
+  /** Whether `writable()` would wait now. */
+  behind(): boolean;
   end(): void;
 }
 
@@ -366,6 +368,11 @@ export class MqttSession implements SharedMember {
   /** Resolves when the client's socket has room again. */
   writable(): Promise<void> {
     return this.wire.writable();
+  }
+
+  /** More than the high-water mark waits to go to the client. */
+  behind(): boolean {
+    return this.wire.behind();
   }
 
   /** Room for more QoS 1 messages in flight to this client. */

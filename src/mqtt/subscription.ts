@@ -49,6 +49,8 @@ export interface SubscriptionOwner {
   deliver(r: StoredEnvelope, from: SentFrom, sub: MqttSubscription): boolean;
   /** Resolves when the client's socket has room again. */
   writable(): Promise<void>;
+  /** Whether `writable()` would wait now. */
+  behind(): boolean;
   /** Ends the session after an internal failure. */
   fail(reason: string): void;
 }
@@ -83,21 +85,16 @@ export class MqttSubscription implements DeliverySource {
   }
 
   start(): void {
-    void this.run().catch((err) => this.session.fail(`delivery failed: ${String(err)}`));
-  }
-
-  private async run(): Promise<void> {
-    for (;;) {
-      const ds = await this.reader.next();
-      if (ds === null) return;
+    const deliver = (ds: ReaderDelivery<StoredEnvelope>[]) => {
       for (const d of ds) {
         const r = d.records[0]!;
         // Outside the user's subscribe rules: passed over, as a hub passes over what a peer may not get.
         if (!this.session.mayReceive(r.channel) || !this.session.deliver(r, { subscription: this, delivery: d }, this)) this.reader.ack(d);
       }
-      // A client that reads slower than messages come (QoS 0 has no window) holds its delivery here.
-      await this.session.writable();
-    }
+    };
+    // A client that reads slower than messages come (QoS 0 has no window) holds its delivery here.
+    const ready = () => (this.session.behind() ? this.session.writable() : undefined);
+    this.reader.run(deliver, ready).catch((err) => this.session.fail(`delivery failed: ${String(err)}`));
   }
 
   /** The client acknowledged `d` (or it was passed over): the cursor moves past every acknowledged prefix. */

@@ -66,6 +66,11 @@ export class OutQueue {
     this.flush();
   }
 
+  /** More than the high-water mark is queued: `writable()` would wait. */
+  get full(): boolean {
+    return !this.closed && this.outBytes > this.highWater;
+  }
+
   /** Resolves once the queue is below the high-water mark (or closed). */
   writable(): Promise<void> {
     if (this.outBytes <= this.highWater || this.closed) return Promise.resolve();
