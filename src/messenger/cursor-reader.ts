@@ -318,12 +318,7 @@ export class CursorReader<T> {
           return;
         }
         if (got.length === 0) break;
-        d.deliver(got);
-        const wait = this.stopped ? undefined : d.ready();
-        if (wait) {
-          wait.then(() => this.resume([]), this.fail);
-          return;
-        }
+        if (this.handOver(d, got)) return;
       }
     } catch (err) {
       this.fail(err);
@@ -339,20 +334,22 @@ export class CursorReader<T> {
     const d = this.driver;
     if (!d) return;
     try {
-      if (ds.length > 0 && !this.stopped) {
-        d.deliver(ds);
-        const wait = this.stopped ? undefined : d.ready();
-        if (wait) {
-          wait.then(() => this.resume([]), this.fail);
-          return;
-        }
-      }
+      if (ds.length > 0 && !this.stopped && this.handOver(d, ds)) return;
     } catch (err) {
       this.fail(err);
       return;
     }
     this.busy = false;
     this.step();
+  }
+
+  /** Hands `ds` to the consumer; true when it is behind, and the loop resumes once it is ready. */
+  private handOver(d: Driver<T>, ds: Delivery<T>[]): boolean {
+    d.deliver(ds);
+    const wait = this.stopped ? undefined : d.ready();
+    if (!wait) return false;
+    wait.then(() => this.resume([]), this.fail);
+    return true;
   }
 
   private readonly fail = (err: unknown): void => {
