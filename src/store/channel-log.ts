@@ -95,12 +95,13 @@ export interface RetentionResult {
   firstSeq: number;
 }
 
+/** An append waiting for its write: settled by calls of `resolve` or `reject` as its methods (an `Outcome`'s are). */
 interface Pending {
-  body: Uint8Array;
+  readonly body: Uint8Array;
   /** performance.now() when the append was requested. */
-  at: number;
-  resolve: (seq: number) => void;
-  reject: (err: unknown) => void;
+  readonly at: number;
+  resolve(seq: number): void;
+  reject(err: unknown): void;
 }
 
 /** Commit listener: called after records [firstSeq, nextSeq) became visible. */
@@ -297,12 +298,11 @@ export class ChannelLog {
   appendNow(body: Uint8Array): number | Promise<number> {
     if (this.closed || this.failure || this.queue.length > 0 || this.flushing || this.kickPending || this.turnPending) return this.append(body);
     if (body.length === 0 || body.length > MAX_RECORD_BODY) return this.append(body);
-    const outcome = new Outcome();
-    const p: Pending = { body, at: performance.now(), resolve: outcome.resolve, reject: outcome.reject };
+    const p = new Outcome(body, performance.now());
     if (!this.writeNow([p])) {
       this.queue.push(p);
       this.schedule();
-      return outcome.later();
+      return p.later();
     }
     // With fdatasyncs, as after a kick: appends made in the rest of this turn share the next
     // write and its fdatasync. Without, another lone record of this turn is written as this one
@@ -311,7 +311,7 @@ export class ChannelLog {
       this.turnPending = true;
       setImmediate(this.afterTurn);
     }
-    return outcome.now();
+    return p.now();
   }
 
   /**
@@ -479,13 +479,12 @@ export class ChannelLog {
     // From here to the epoch taken below nothing awaits: no write lands behind a failure unseen.
     if (this.needReseal) return false;
     const firstSeq = this.writeSeq;
-    const bodies = chunk.map((p) => p.body);
     // Under `interval` the records stay in memory until an fdatasync covers them; otherwise they
     // are done with once written, and go through the reused buffer.
     const keep = this.opts.sync === "interval";
-    const bytes = recordsBytes(bodies);
+    const bytes = recordsBytes(chunk);
     const buf = keep ? uninitialized(bytes) : this.scratch.take(bytes);
-    writeRecords(buf, firstSeq, bodies);
+    writeRecords(buf, firstSeq, chunk);
     const pos = this.writeEnd;
     try {
       let done = 0;

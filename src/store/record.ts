@@ -45,24 +45,34 @@ export function writeRecord(buf: Uint8Array, offset: number, seq: number, body: 
   return offset + RECORD_HEADER_BYTES + body.length;
 }
 
-/** Bytes the records of `bodies` take. */
-export function recordsBytes(bodies: readonly Uint8Array[]): number {
+/**
+ * What is written as a record: anything that carries its body (the log's
+ * pending appends are written as they are queued, without an array of
+ * their bodies made for each write).
+ */
+export interface Bodied {
+  readonly body: Uint8Array;
+}
+
+/** Bytes the records of `records` take. */
+export function recordsBytes(records: readonly Bodied[]): number {
   let total = 0;
-  for (const b of bodies) total += RECORD_HEADER_BYTES + b.length;
+  for (let i = 0; i < records.length; i++) total += RECORD_HEADER_BYTES + records[i]!.body.length;
   return total;
 }
 
 /** Writes records with consecutive seqs from `firstSeq` at the start of `buf` (room enough); returns the bytes written. */
-export function writeRecords(buf: Uint8Array, firstSeq: number, bodies: readonly Uint8Array[]): number {
+export function writeRecords(buf: Uint8Array, firstSeq: number, records: readonly Bodied[]): number {
   let off = 0;
-  for (let i = 0; i < bodies.length; i++) off = writeRecord(buf, off, firstSeq + i, bodies[i]!);
+  for (let i = 0; i < records.length; i++) off = writeRecord(buf, off, firstSeq + i, records[i]!.body);
   return off;
 }
 
 /** Encodes records with consecutive seqs from `firstSeq` into one buffer of their own. */
 export function encodeRecords(firstSeq: number, bodies: readonly Uint8Array[]): Uint8Array {
-  const buf = uninitialized(recordsBytes(bodies));
-  writeRecords(buf, firstSeq, bodies);
+  const records = bodies.map((body) => ({ body }));
+  const buf = uninitialized(recordsBytes(records));
+  writeRecords(buf, firstSeq, records);
   return buf;
 }
 
