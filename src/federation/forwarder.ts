@@ -207,31 +207,53 @@ export class Forwarder implements Sender {
 
   private send(reader: CursorReader<StoredEnvelope>, d: Delivery<StoredEnvelope>, peerBytes: Uint8Array): void {
     const { session } = this.opts;
-    const looped = d.records.filter((r) => routeIncludes(r.body, r.view, peerBytes));
-    this.loopSkipped += looped.length;
     // One batch is one channel: the peer's rules are checked once, not per record.
     const allowed = this.opts.allow?.(d.channel) ?? true;
-    let toSend = !allowed ? [] : looped.length === 0 ? d.records : d.records.filter((r) => !routeIncludes(r.body, r.view, peerBytes));
-    if (toSend.length > 1 && this.latest(d.channel)) {
-      // Backlogged on a last-value channel: only the newest goes.
-      this.superseded += toSend.length - 1;
-      this.opts.messenger.noteSuperseded(d.channel, toSend.length - 1);
-      toSend = toSend.slice(-1);
+    // What goes, in one pass without a callback (this runs for every message a link forwards).
+    const seqs: number[] = [];
+    const records: Uint8Array[] = [];
+    let requests = false;
+    for (let i = 0; i < d.records.length; i++) {
+      const r = d.records[i]!;
+      if (routeIncludes(r.body, r.view, peerBytes)) {
+        this.loopSkipped++;
+        continue;
+      }
+      if (!allowed) continue;
+      seqs.push(r.seq);
+      records.push(r.body);
+      if (r.view.replyToStart >= 0) requests = true;
     }
-    if (toSend.length === 0) {
+    if (records.length > 1 && this.latest(d.channel)) {
+      // Backlogged on a last-value channel: only the newest goes.
+      this.superseded += records.length - 1;
+      this.opts.messenger.noteSuperseded(d.channel, records.length - 1);
+      seqs.splice(0, seqs.length - 1);
+      records.splice(0, records.length - 1);
+    }
+    if (records.length === 0) {
       // Nothing the peer may or should get: done at once (the cursor still waits for any
       // earlier batch of the channel that is unacknowledged).
       reader.ack(d);
       return;
     }
-    if (this.opts.onRequest) for (const r of toSend) if (r.view.replyToStart >= 0) this.opts.onRequest(envelopeReplyTo(r.body, r.view)!, r.view.expires);
+    if (requests && this.opts.onRequest) {
+      // The requests among what goes (both in seq order: one walk).
+      let k = 0;
+      for (const r of d.records) {
+        if (k === seqs.length) break;
+        if (r.seq !== seqs[k]) continue;
+        k++;
+        if (r.view.replyToStart >= 0) this.opts.onRequest(envelopeReplyTo(r.body, r.view)!, r.view.expires);
+      }
+    }
     const batch = this.nextBatch++;
     if (this.inflight.size === 0) this.lastProgress = performance.now();
     this.inflight.set(batch, { reader, delivery: d });
     if (this.stallTimer === null && this.opts.stallMs) this.armStall(this.opts.stallMs);
     // While the window has room the ACK may come a little later, with others in one write.
     const delayAck = reader.inflight < this.opts.window;
-    const frame = batchFrame({ batch, channel: d.channel, seqs: toSend.map((r) => r.seq), records: toSend.map((r) => r.body), delayAck });
+    const frame = batchFrame({ batch, channel: d.channel, seqs, records, delayAck });
     this.lanes.push(this.laneOf(d.channel), session.pack(frame));
   }
 

@@ -13,7 +13,7 @@ import type { AuditLog } from "./audit.ts";
 import type { RecentIds } from "./dedup.ts";
 import { ackFrame, type Batch } from "./messages.ts";
 import type { Link } from "./link.ts";
-import type { RecordSink } from "./sink.ts";
+import type { RecordSink, SinkRecord } from "./sink.ts";
 
 /** What a receiver needs. */
 export interface ReceiverOptions {
@@ -259,7 +259,8 @@ export class Receiver {
     }
     if (keep.length === 0) return true;
     const entry = this.selfEntry;
-    const records = keep.map((k) => ({ id: k.id, body: withRoute(k.body, k.view, entry) }));
+    const records: SinkRecord[] = [];
+    for (let i = 0; i < keep.length; i++) records.push({ id: keep[i]!.id, body: withRoute(keep[i]!.body, keep[i]!.view, entry) });
     const { sink } = this.opts;
     let done: undefined | Promise<void>;
     try {

@@ -416,34 +416,20 @@ export class CursorReader<T> {
 
   /** Groups fetched records into deliveries within `room`, marks them handed out and taken from the window. */
   private deliveries(recs: T[], room: number, handsOutAll: boolean): Delivery<T>[] {
-    const { form, window, unit } = this.opts;
+    const { form, unit } = this.opts;
     const out: Delivery<T>[] = [];
-    const add = (channel: string, records: T[], bytes: number) => {
-      const units = this.countRecords ? records.length : 1;
-      const e = new Entry(this, channel, form.seq(records[0]!), form.seq(records[records.length - 1]!), bytes, units);
-      window.take(bytes, units);
-      this.held += units;
-      let q = this.pending.get(channel);
-      if (!q) {
-        q = new Queue();
-        this.pending.set(channel, q);
-      }
-      if (this.countRecords && e.last - e.first + 1 !== records.length) e.seqs = records.map((r) => form.seq(r));
-      q.items.push(e);
-      // (When everything fetched is handed out, the fetch moved the position itself.)
-      if (!handsOutAll) this.sent.set(channel, e.last + 1);
-      out.push(new HandedOut(e, records, bytes));
-    };
     if (unit === "record") {
-      for (const r of recs) add(form.channel(r), [r], form.bytes(r));
+      for (const r of recs) this.handOut(out, form.channel(r), [r], form.bytes(r), handsOutAll);
       return out;
     }
     // One channel (a subscriber of a plain channel, or a fetch that found one): one run, no copy.
     const channel = form.channel(recs[0]!);
-    if (form.channel(recs[recs.length - 1]!) === channel && !this.wildcard) {
+    let one = form.channel(recs[recs.length - 1]!) === channel;
+    if (one && this.wildcard) for (let i = 1; i < recs.length - 1 && one; i++) one = form.channel(recs[i]!) === channel;
+    if (one) {
       let bytes = 0;
       if (form.sized) for (const r of recs) bytes += form.bytes(r);
-      add(channel, recs, bytes);
+      this.handOut(out, channel, recs, bytes, handsOutAll);
       return out;
     }
     const byChannel = new Map<string, { records: T[]; bytes: number }>();
@@ -458,9 +444,28 @@ export class CursorReader<T> {
     // Channels past the room are fetched again next time: their position does not move.
     for (const [channel, run] of byChannel) {
       if (!handsOutAll && out.length >= room) break;
-      add(channel, run.records, run.bytes);
+      this.handOut(out, channel, run.records, run.bytes, handsOutAll);
     }
     return out;
+  }
+
+  /** One channel's run of `records` as a delivery into `out`: taken from the window and pending until acknowledged. */
+  private handOut(out: Delivery<T>[], channel: string, records: T[], bytes: number, handsOutAll: boolean): void {
+    const { form, window } = this.opts;
+    const units = this.countRecords ? records.length : 1;
+    const e = new Entry(this, channel, form.seq(records[0]!), form.seq(records[records.length - 1]!), bytes, units);
+    window.take(bytes, units);
+    this.held += units;
+    let q = this.pending.get(channel);
+    if (!q) {
+      q = new Queue();
+      this.pending.set(channel, q);
+    }
+    if (this.countRecords && e.last - e.first + 1 !== records.length) e.seqs = records.map((r) => form.seq(r));
+    q.items.push(e);
+    // (When everything fetched is handed out, the fetch moved the position itself.)
+    if (!handsOutAll) this.sent.set(channel, e.last + 1);
+    out.push(new HandedOut(e, records, bytes));
   }
 
   /** The cursor of `channel` moved to `cursor`: what is behind it is done, whoever acknowledged it. */

@@ -50,8 +50,36 @@ export interface StoredEnvelope {
   body: Uint8Array;
 }
 
-/** Takes one record of a fetch; false for one that expired. */
-type Push = (body: Uint8Array, seq: number, channel: string) => boolean;
+/** Takes the records of a fetch, one by one (`add`: false for one that expired). */
+interface Push {
+  add(body: Uint8Array, seq: number, channel: string): boolean;
+}
+
+/** A fetch's records as stored, with their envelopes scanned, not decoded (decoding whole envelopes was most of a forwarder's CPU). */
+class RawPush implements Push {
+  private readonly now = Date.now();
+  constructor(private readonly out: StoredEnvelope[]) {}
+
+  add(body: Uint8Array, seq: number, channel: string): boolean {
+    const view = scanEnvelope(body);
+    if (view.expires > 0 && view.expires <= this.now) return false;
+    this.out.push({ seq, channel, view, body });
+    return true;
+  }
+}
+
+/** A fetch's records decoded into messages. */
+class DecodedPush implements Push {
+  private readonly now = Date.now();
+  constructor(private readonly out: Message[]) {}
+
+  add(body: Uint8Array, seq: number): boolean {
+    const m = decodeEnvelope(body, seq);
+    if (m.expires !== undefined && m.expires <= this.now) return false;
+    this.out.push(m);
+    return true;
+  }
+}
 
 /** Where a fetch is: the channels in the order it takes them, the next one, and what it took. */
 interface Gathering {
@@ -163,7 +191,7 @@ export class DurableSubscriber {
    */
   async fetchRaw(opts: FetchOptions): Promise<StoredEnvelope[]> {
     const out: StoredEnvelope[] = [];
-    await this.collect(opts, this.rawPush(out));
+    await this.collect(opts, new RawPush(out));
     return out;
   }
 
@@ -174,7 +202,7 @@ export class DurableSubscriber {
    */
   fetchRawNow(opts: FetchOptions): StoredEnvelope[] | null {
     const out: StoredEnvelope[] = [];
-    return this.collectNow(opts, this.rawPush(out)) || out.length > 0 ? out : null;
+    return this.collectNow(opts, new RawPush(out)) || out.length > 0 ? out : null;
   }
 
   /**
@@ -184,35 +212,14 @@ export class DurableSubscriber {
    */
   async fetch(opts: FetchOptions): Promise<Message[]> {
     const out: Message[] = [];
-    await this.collect(opts, this.decodedPush(out));
+    await this.collect(opts, new DecodedPush(out));
     return out;
   }
 
   /** `fetch` without waiting: null when nothing was taken and the next records must come from disk. */
   fetchNow(opts: FetchOptions): Message[] | null {
     const out: Message[] = [];
-    return this.collectNow(opts, this.decodedPush(out)) || out.length > 0 ? out : null;
-  }
-
-  private rawPush(out: StoredEnvelope[]): Push {
-    const now = Date.now();
-    return (body, seq, channel) => {
-      // Nothing is decoded: decoding whole envelopes was most of a forwarder's CPU.
-      const view = scanEnvelope(body);
-      if (view.expires > 0 && view.expires <= now) return false;
-      out.push({ seq, channel, view, body });
-      return true;
-    };
-  }
-
-  private decodedPush(out: Message[]): Push {
-    const now = Date.now();
-    return (body, seq) => {
-      const m = decodeEnvelope(body, seq);
-      if (m.expires !== undefined && m.expires <= now) return false;
-      out.push(m);
-      return true;
-    };
+    return this.collectNow(opts, new DecodedPush(out)) || out.length > 0 ? out : null;
   }
 
   /**
@@ -278,7 +285,7 @@ export class DurableSubscriber {
     const hw = this.highWater.get(log.name) ?? 0;
     for (const r of recs) {
       try {
-        if (!push(r.body, r.seq, log.name)) {
+        if (!push.add(r.body, r.seq, log.name)) {
           if (r.seq > hw) expired++;
           if (leading && expiredPrefix === r.seq - 1) expiredPrefix = r.seq;
           continue;
