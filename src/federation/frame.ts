@@ -145,23 +145,43 @@ export class FrameDecoder {
 
   private frames(): Frame[] {
     const frames: Frame[] = [];
+    if (this.chunks.length === 1) {
+      // The usual case, all that is held in one chunk: its frames are cut out of it where they
+      // lie, and only an unfinished rest is kept.
+      const c = this.chunks[0]!;
+      let at = 0;
+      while (c.length - at >= HEADER_BYTES) {
+        const len = this.bodyLength(c, at);
+        if (c.length - at < HEADER_BYTES + len) break;
+        frames.push(decodeFrameBody(c[at + 3]!, c.subarray(at + HEADER_BYTES, at + HEADER_BYTES + len)));
+        at += HEADER_BYTES + len;
+      }
+      this.size -= at;
+      if (at === c.length) this.chunks.length = 0;
+      else if (at > 0) this.chunks[0] = c.subarray(at);
+      return frames;
+    }
     while (this.size >= HEADER_BYTES) {
-      const head = this.peek(HEADER_BYTES);
-      const magic = getU16BE(head, 0);
-      if (magic !== MAGIC) throw new FrameError(`bad magic 0x${magic.toString(16).padStart(4, "0")}`);
-      const version = head[2]!;
-      if (version !== PROTOCOL_VERSION) throw new FrameError(`unsupported protocol version ${version}`);
-      const type = head[3]!;
-      if (!(type in TYPE_NAMES)) throw new FrameError(`unknown frame type ${type}`);
-      const len = getU32BE(head, 4);
-      // The limit is checked on the header alone, before more of the body is kept.
-      if (len > this.maxBody) throw new FrameError(`${frameTypeName(type)} of ${len} bytes exceeds the limit of ${this.maxBody}`);
-      if (len === 0) throw new FrameError(`${frameTypeName(type)} has an empty body`);
+      const len = this.bodyLength(this.peek(HEADER_BYTES), 0);
       if (this.size < HEADER_BYTES + len) break;
       const bytes = this.take(HEADER_BYTES + len);
-      frames.push(decodeFrameBody(type, bytes.subarray(HEADER_BYTES)));
+      frames.push(decodeFrameBody(bytes[3]!, bytes.subarray(HEADER_BYTES)));
     }
     return frames;
+  }
+
+  /** Checks the frame header at `at` of `b` and gives its body's length (checked on the header alone, before more of the body is kept). */
+  private bodyLength(b: Uint8Array, at: number): number {
+    const magic = getU16BE(b, at);
+    if (magic !== MAGIC) throw new FrameError(`bad magic 0x${magic.toString(16).padStart(4, "0")}`);
+    const version = b[at + 2]!;
+    if (version !== PROTOCOL_VERSION) throw new FrameError(`unsupported protocol version ${version}`);
+    const type = b[at + 3]!;
+    if (!(type in TYPE_NAMES)) throw new FrameError(`unknown frame type ${type}`);
+    const len = getU32BE(b, at + 4);
+    if (len > this.maxBody) throw new FrameError(`${frameTypeName(type)} of ${len} bytes exceeds the limit of ${this.maxBody}`);
+    if (len === 0) throw new FrameError(`${frameTypeName(type)} has an empty body`);
+    return len;
   }
 
   /** The first `n` held bytes, without consuming them. */

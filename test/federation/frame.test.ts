@@ -135,6 +135,17 @@ describe("frame codec", () => {
     for (let i = 0; i < all.length; i++) bytewise.push(...d.push(all.subarray(i, i + 1)));
     expect(bytewise).toEqual(whole);
     expect(d.buffered).toBe(0);
+    // Chunks of every size up to a few frames: whole frames, rests and split headers mixed.
+    for (let step = 2; step <= 97; step += 5) {
+      const e = new FrameDecoder(1 << 20);
+      const got: Frame[] = [];
+      for (let i = 0; i < all.length; i += step) {
+        got.push(...e.push(all.subarray(i, i + step)));
+        expect(e.buffered).toBe(Math.min(i + step, all.length) - got.reduce((n, f) => n + f.size, 0));
+      }
+      expect(got).toEqual(whole);
+      expect(e.buffered).toBe(0);
+    }
   });
 
   test("frames stay intact when the caller reuses its chunk, as a socket does its buffer; decoders may share blocks", () => {
