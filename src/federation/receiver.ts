@@ -61,6 +61,14 @@ export interface ReceiverStats {
 }
 
 /** Handles the BATCH frames of one session, strictly in arrival order. */
+/** A record of a batch that is to be stored: its envelope's view, its id and the id's hash. */
+interface Kept {
+  view: EnvelopeView;
+  body: Uint8Array;
+  id: string;
+  key: number;
+}
+
 export class Receiver {
   private readonly opts: ReceiverOptions;
   private chain: Promise<void> = Promise.resolve();
@@ -126,21 +134,27 @@ export class Receiver {
     const stored = this.store(session, batch);
     // Stored already, and no earlier ACK still waits for its store: this one is next in order.
     if (typeof stored === "boolean" && this.chained === 0) this.acknowledge(session, batch, hold, stored);
-    else {
-      this.chained++;
-      this.chain = this.chain.then(async () => {
-        try {
-          this.acknowledge(session, batch, hold, await stored);
-        } finally {
-          this.chained--;
-        }
-      });
-    }
+    else this.acknowledgeLater(session, batch, hold, stored);
     if (this.queue.length > 0) {
       this.scheduled = true;
       setImmediate(this.pump);
     }
   };
+
+  // The callbacks of `pump` and `store` live in functions of their own: a function that makes a
+  // closure anywhere in it allocates its scope on every call until the JIT has optimized it.
+
+  /** The ACK of `batch` on the chain: after its store and every earlier one. */
+  private acknowledgeLater(session: Link, batch: Batch, hold: boolean, stored: boolean | Promise<boolean>): void {
+    this.chained++;
+    this.chain = this.chain.then(async () => {
+      try {
+        this.acknowledge(session, batch, hold, await stored);
+      } finally {
+        this.chained--;
+      }
+    });
+  }
 
   /** ACKs on the chain whose store has not finished (or that have not gone since). */
   private chained = 0;
@@ -209,7 +223,7 @@ export class Receiver {
     const { dedup, audit } = this.opts;
     const { selfBytes } = this;
     const peer = session.peer.name;
-    const keep: { view: EnvelopeView; body: Uint8Array; id: string; key: number }[] = [];
+    const keep: Kept[] = [];
     // Duplicates within the batch; a batch of one record (a steady link's usual) needs no set.
     const keepIds = batch.records.length > 1 ? new Set<string>() : null;
     // Every record must be of the batch's channel (checked below), so the rules are checked once.
@@ -272,6 +286,11 @@ export class Receiver {
       this.kept(keep);
       return true;
     }
+    return this.storedLater(session, batch.channel, keep, done);
+  }
+
+  /** Records whose store is under way: true once it is done, false (the session closed) if it failed. */
+  private storedLater(session: Link, channel: string, keep: Kept[], done: Promise<void>): Promise<boolean> {
     // Until it is stored, a later batch that carries one of these ids holds a duplicate.
     for (const k of keep) this.pending.add(k.id);
     const settled = () => {
@@ -285,7 +304,7 @@ export class Receiver {
       },
       (err: unknown) => {
         settled();
-        return this.notStored(session, batch.channel, err);
+        return this.notStored(session, channel, err);
       },
     );
   }

@@ -314,7 +314,7 @@ export class CursorReader<T> {
         if (this.stopped) break;
         const got = this.poll();
         if (got === ON_DISK) {
-          this.fromDisk().then((ds) => this.resume(ds), this.fail);
+          this.readFromDisk();
           return;
         }
         if (got.length === 0) break;
@@ -348,8 +348,19 @@ export class CursorReader<T> {
     d.deliver(ds);
     const wait = this.stopped ? undefined : d.ready();
     if (!wait) return false;
-    wait.then(() => this.resume([]), this.fail);
+    this.resumeAfter(wait);
     return true;
+  }
+
+  // The callbacks of `step` and `handOver` live in functions of their own: a function that makes
+  // a closure anywhere in it allocates its scope on every call until the JIT has optimized it.
+
+  private readFromDisk(): void {
+    this.fromDisk().then((ds) => this.resume(ds), this.fail);
+  }
+
+  private resumeAfter(wait: Promise<void>): void {
+    wait.then(() => this.resume([]), this.fail);
   }
 
   private readonly fail = (err: unknown): void => {

@@ -304,8 +304,15 @@ export class Messenger {
     const { body, id, ts } = this.encode(channel, type, payload, opts);
     const t0 = performance.now();
     const seq = log.appendNow(body);
-    if (typeof seq !== "number") return seq.then((s) => this.published(channel, id, s, ts, t0));
+    if (typeof seq !== "number") return this.publishedLater(seq, channel, id, ts, t0);
     return this.published(channel, id, seq, ts, t0);
+  }
+
+  // The callbacks of a write that did not settle at once live in functions of their own: a
+  // function that makes a closure anywhere in it allocates its scope on every call, until the
+  // JIT has optimized it, and these run for every message.
+  private publishedLater(seq: Promise<number>, channel: string, id: string, ts: number, t0: number): Promise<PublishResult> {
+    return seq.then((s) => this.published(channel, id, s, ts, t0));
   }
 
   /** Counts a stored publish and gives its result. */
@@ -383,14 +390,16 @@ export class Messenger {
     const log = this.store.get(channel);
     if (log === undefined) return this.ingest(channel, bodies);
     const seq = log.appendNow(body);
-    if (typeof seq !== "number") {
-      return seq.then((s) => {
-        this.countersOf(channel).published++;
-        return [s];
-      });
-    }
+    if (typeof seq !== "number") return this.ingestedLater(seq, channel);
     this.countersOf(channel).published++;
     return [seq];
+  }
+
+  private ingestedLater(seq: Promise<number>, channel: string): Promise<number[]> {
+    return seq.then((s) => {
+      this.countersOf(channel).published++;
+      return [s];
+    });
   }
 
   /**

@@ -662,10 +662,7 @@ export class MqttSession implements SharedMember {
       // The same QoS 2 publish again before PUBREL: not stored twice; PUBREC once the first is durable.
       const again: PendingAck = { id, qos, done: false, error: undefined };
       this.acks.push(again);
-      earlier.then(
-        () => this.settle(again, undefined),
-        (err: unknown) => this.settle(again, err),
-      );
+      this.settleWhen(again, earlier);
       return;
     }
     const payload = payloadOf(p.payload as Buffer);
@@ -690,13 +687,26 @@ export class MqttSession implements SharedMember {
     const ack: PendingAck = { id, qos, done: false, error: undefined };
     this.acks.push(ack);
     stored ??= this.host.messenger.publish(channel, this.host.cfg.payloadType, payload, { meta });
-    if (p.retain) stored = stored.then(() => this.host.retained.set(channel, p.payload as Buffer, qos, metaOfPublish(props, Date.now())));
+    if (p.retain) stored = this.retainAfter(stored, channel, p.payload as Buffer, qos, props);
     // A QoS 2 packet id is taken from now until PUBREL (or until its write fails).
     if (qos === 2 && id !== undefined) this.qos2.set(id, stored);
+    this.settleWhen(ack, stored);
+  }
+
+  // The callbacks of `publish` live in functions of their own: a function that makes a closure
+  // anywhere in it allocates its scope on every call until the JIT has optimized it.
+
+  /** Settles `ack` once `stored` has, either way. */
+  private settleWhen(ack: PendingAck, stored: Promise<unknown>): void {
     stored.then(
       () => this.settle(ack, undefined),
       (err: unknown) => this.settle(ack, err),
     );
+  }
+
+  /** `stored`, then the channel's retained message set to this publish. */
+  private retainAfter(stored: Promise<unknown>, channel: string, payload: Buffer, qos: number, props: PublishProperties | undefined): Promise<unknown> {
+    return stored.then(() => this.host.retained.set(channel, payload, qos, metaOfPublish(props, Date.now())));
   }
 
   /** Channels of the topics this client published to lately (a client publishes to a few, again and again). */
