@@ -7,14 +7,18 @@
  *
  * The ids live outside the garbage collector's reach: each id's bytes in a
  * ring of fixed-size slots (typed arrays, which a collection never scans),
- * found through a Map from a 53-bit hash of the id to its slot, numbers
- * both. A Map of 100,000 id strings, one new young string added per
- * message, was scanned whole by every young collection (its table was
- * remembered each time a young key went in): a quarter of each pause.
+ * found through an index from a 53-bit hash of the id to its slot, in
+ * typed arrays too (slot-index.ts). A Map of 100,000 id strings, one new
+ * young string added per message, was scanned whole by every young
+ * collection (its table was remembered each time a young key went in): a
+ * quarter of each pause; a Map of numbers written on every message was
+ * still re-scanned by each one.
  * Every hit is checked against the stored bytes, so two ids that share a
  * hash are never taken for each other; the older one is forgotten instead,
  * which can only let a duplicate through, never drop a message.
  */
+
+import { SlotIndex } from "./slot-index.ts";
 
 /** Bytes of a slot: a length byte and up to SLOT_BYTES - 1 ASCII characters (a UUID takes 36). */
 const SLOT_BYTES = 48;
@@ -42,7 +46,7 @@ export function slotKey(id: string): number {
 export class RecentIds {
   readonly capacity: number;
   /** Hash of an id -> its slot in the ring. */
-  private readonly slots = new Map<number, number>();
+  private readonly slots = new SlotIndex();
   /** The ring's id bytes and each slot's hash, by chunk. */
   private readonly bytes: Uint8Array[] = [];
   private readonly keys: Float64Array[] = [];
@@ -104,7 +108,7 @@ export class RecentIds {
   /** The slot holding `id` (whose hash is `key`), or -1. */
   private find(id: string, key: number): number {
     const s = this.slots.get(key);
-    if (s === undefined) return -1;
+    if (s < 0) return -1;
     const b = this.bytes[s >>> CHUNK_BITS]!;
     const at = (s & (CHUNK_SLOTS - 1)) * SLOT_BYTES;
     const n = id.length;
