@@ -1,17 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { SlotIndex } from "../../src/federation/slot-index.ts";
-
-/** A seeded generator (mulberry32), so that a failure can be replayed. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 0x1_0000_0000;
-  };
-}
+import { rng } from "../helpers.ts";
 
 /** A key of all 53 bits (one draw gives only 32). */
 const key53 = (next: () => number) => Math.floor(next() * 2 ** 21) * 0x1_0000_0000 + Math.floor(next() * 0x1_0000_0000);
