@@ -12,7 +12,7 @@
  * with far less noise than the `steady: two hops` step. Its sibling
  * benchmarks are hub-path.ts (the middle hop) and mqtt-path.ts (the first).
  *
- *   bun bench/device-path.ts [--n=20000] [--warm=60000] [--segments=5] [--rate=1000] [--sync=none|always]
+ *   bun bench/device-path.ts [--n=20000] [--warm=60000] [--segments=5] [--rate=1000] [--sync=none|always] [--cells=300]
  *
  * One JSON line, of the median of the measured segments: CPU and wall time per message, minor page faults and
  * voluntary context switches per message, RSS, CPU of each kind of thread.
@@ -28,7 +28,7 @@ import { messengerSink } from "../src/federation/sink.ts";
 import { MqttSession } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
 import { silentLogger } from "../src/observability/logger.ts";
-import { Arrivals, measure, mqttAgent, oneRecordBatches, pathOptions, report } from "./self-stats.ts";
+import { Arrivals, cellsPerInput, measure, mqttAgent, oneRecordBatches, pathOptions, report } from "./self-stats.ts";
 
 // With the allocator and the JIT as `keyop run` sets them (this re-executes the script once).
 tuneRuntime();
@@ -93,7 +93,8 @@ await Bun.sleep(20);
 const nextFrame = oneRecordBatches("down.t");
 
 const feed = (f: Uint8Array) => fromHub.receive(f);
-console.log(report(RATE > 0 ? `device path @${RATE}/s` : "device path, one at a time", SYNC, N, await measure(nextFrame, feed, delivered, opts)));
+const workload = RATE > 0 ? `device path @${RATE}/s` : "device path, one at a time";
+console.log(opts.cells > 0 ? await cellsPerInput("device path", nextFrame, feed, delivered, opts.warm, opts.cells) : report(workload, SYNC, N, await measure(nextFrame, feed, delivered, opts)));
 session.socketClosed();
 fromHub.close("bye", "done", { hard: true });
 await agent.stop();

@@ -12,7 +12,7 @@
  * hub: every message alone) and paced at a fixed rate. For A/B of a change
  * to the path, with far less noise than the three-process step.
  *
- *   bun bench/hub-path.ts [--n=20000] [--warm=60000] [--segments=5] [--rate=1000] [--sync=none|always]
+ *   bun bench/hub-path.ts [--n=20000] [--warm=60000] [--segments=5] [--rate=1000] [--sync=none|always] [--cells=300]
  *
  * It prints one JSON line, of the median of the measured segments: CPU and wall time per message, minor page
  * faults and voluntary context switches per message, RSS, and the CPU of
@@ -31,7 +31,7 @@ import { messengerSink } from "../src/federation/sink.ts";
 import { Messenger } from "../src/messenger/messenger.ts";
 import { silentLogger } from "../src/observability/logger.ts";
 import { tuneRuntime } from "../src/cli/runtime-options.ts";
-import { Arrivals, measure, oneRecordBatches, pathOptions, report } from "./self-stats.ts";
+import { Arrivals, cellsPerInput, measure, oneRecordBatches, pathOptions, report } from "./self-stats.ts";
 
 // With the allocator and the JIT as `keyop run` sets them (this re-executes the script once).
 tuneRuntime();
@@ -115,7 +115,8 @@ await Bun.sleep(20);
 const nextFrame = oneRecordBatches("up.t");
 
 const feed = (f: Uint8Array) => fromA.receive(f);
-console.log(report(RATE > 0 ? `hub path @${RATE}/s` : "hub path, one at a time", SYNC, N, await measure(nextFrame, feed, delivered, opts)));
+const workload = RATE > 0 ? `hub path @${RATE}/s` : "hub path, one at a time";
+console.log(opts.cells > 0 ? await cellsPerInput("hub path", nextFrame, feed, delivered, opts.warm, opts.cells) : report(workload, SYNC, N, await measure(nextFrame, feed, delivered, opts)));
 forwarder?.stop();
 await messenger.close();
 rmSync(dir, { recursive: true, force: true });

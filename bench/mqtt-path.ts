@@ -14,7 +14,7 @@
  * they share one write and their PUBACKs one socket write); figures stay
  * per message.
  *
- *   bun bench/mqtt-path.ts [--n=20000] [--warm=60000] [--segments=5] [--rate=1000] [--sync=none|always] [--burst=16]
+ *   bun bench/mqtt-path.ts [--n=20000] [--warm=60000] [--segments=5] [--rate=1000] [--sync=none|always] [--burst=16] [--cells=300]
  *
  * One JSON line, of the median of the measured segments: CPU and wall time per message, minor page faults and
  * voluntary context switches per message, RSS, CPU of each kind of thread.
@@ -24,7 +24,7 @@ import mqtt, { type Packet } from "mqtt-packet";
 import { tuneRuntime } from "../src/cli/runtime-options.ts";
 import { MqttSession } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
-import { Arrivals, measure, mqttAgent, pathOptions, report } from "./self-stats.ts";
+import { Arrivals, cellsPerInput, measure, mqttAgent, pathOptions, report } from "./self-stats.ts";
 
 // With the allocator and the JIT as `keyop run` sets them (this re-executes the script once).
 tuneRuntime();
@@ -60,7 +60,11 @@ const nextPublish = (): Uint8Array => (BURST === 1 ? onePublish() : Buffer.conca
 
 const feed = (p: Uint8Array) => session.data(p);
 const workload = `mqtt path${BURST > 1 ? `, ${BURST} a read` : ""}, ${RATE > 0 ? `@${RATE}/s` : "one at a time"}`;
-console.log(report(workload, SYNC, N * BURST, await measure(nextPublish, feed, acked, opts)));
+console.log(
+  opts.cells > 0
+    ? await cellsPerInput(BURST > 1 ? `mqtt path, ${BURST} a read` : "mqtt path", nextPublish, feed, acked, opts.warm, opts.cells)
+    : report(workload, SYNC, N * BURST, await measure(nextPublish, feed, acked, opts)),
+);
 session.socketClosed();
 await agent.stop();
 rmSync(dir, { recursive: true, force: true });

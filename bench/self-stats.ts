@@ -5,6 +5,7 @@
  * context switches, CPU by kind of thread), the loop that feeds a path one
  * message at a time or paced, and the JSON line each prints.
  */
+import { heapStats } from "bun:jsc";
 import { mkdtempSync, readdirSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -152,6 +153,40 @@ export async function measure(make: (i: number) => Uint8Array, feed: (input: Uin
   return costs;
 }
 
+/**
+ * The cells (objects of the JavaScript heap) each input leaves behind, by
+ * type: the heap's counts after a full collection, and again after `n`
+ * inputs fed one at a time, after `warm` to warm up. A count of garbage,
+ * deterministic where CPU time is not: for an A/B of a change that makes
+ * fewer objects. It holds only when no collection ran in between; a weakly
+ * held object made just before the window tells (a young collection takes
+ * it), and the line then says so: take a smaller `n`. The harness's own
+ * cells are in it (the promise it awaits per input and its functions,
+ * about five).
+ */
+export async function cellsPerInput(workload: string, make: (i: number) => Uint8Array, feed: (input: Uint8Array) => void, out: Arrivals, warm: number, n: number): Promise<string> {
+  await drive(new Inputs(warm, make), feed, out, 0);
+  const inputs = new Inputs(n, make);
+  Bun.gc(true);
+  const canary = new WeakRef({ canary: true });
+  const before = heapStats().objectTypeCounts;
+  await drive(inputs, feed, out, 0);
+  const after = heapStats().objectTypeCounts;
+  const collected = canary.deref() === undefined;
+  const byType = Object.entries(after)
+    .map(([type, count]) => [type, Math.round(((count - (before[type] ?? 0)) / n) * 100) / 100] as const)
+    .filter(([, perInput]) => Math.abs(perInput) >= 0.05)
+    .sort((a, b) => b[1] - a[1]);
+  const total = Math.round(byType.reduce((sum, [, v]) => sum + v, 0) * 10) / 10;
+  return JSON.stringify({
+    workload: `${workload}, cells per input (fed one at a time)`,
+    inputs: n,
+    cellsPerInput: collected ? null : total,
+    byType: collected ? null : Object.fromEntries(byType),
+    note: collected ? "a collection ran in the window: no count; take a smaller --cells" : undefined,
+  });
+}
+
 /** The JSON line of measured segments of `n` messages each: the median segment's figures, and every segment's CPU. */
 export function report(workload: string, sync: string, n: number, segments: RunCost[]): string {
   const sorted = [...segments].sort((a, b) => a.cpuUs - b.cpuUs);
@@ -171,8 +206,8 @@ export function report(workload: string, sync: string, n: number, segments: RunC
   });
 }
 
-/** The options every path benchmark takes: --n (per segment), --warm, --segments, --rate, --sync. */
-export function pathOptions(): { n: number; warm: number; segments: number; rate: number; sync: "none" | "always" } {
+/** The options every path benchmark takes: --n (per segment), --warm, --segments, --rate, --sync, --cells (count cells per input over that many instead of timing). */
+export function pathOptions(): { n: number; warm: number; segments: number; rate: number; sync: "none" | "always"; cells: number } {
   const arg = (name: string, fallback: string): string => {
     const a = process.argv.find((x) => x.startsWith(`--${name}=`));
     return a ? a.slice(name.length + 3) : fallback;
@@ -183,6 +218,7 @@ export function pathOptions(): { n: number; warm: number; segments: number; rate
     segments: Number(arg("segments", "5")),
     rate: Number(arg("rate", "0")),
     sync: arg("sync", "none") as "none" | "always",
+    cells: Number(arg("cells", "0")),
   };
 }
 
