@@ -272,6 +272,9 @@ export class JetStreamEngine implements HubStore, StreamSource {
     const jsm = this.jsm;
     if (!jsm || this._state === "closed") return;
     try {
+      // A server left alone after its cluster lost quorum still answers a stream's info from its own
+      // copy (with no leader): only the meta leader's answer and a leader per stream mean writes land.
+      await jsm.getAccountInfo();
       for (const s of this.cfg.streams) await this.provision(jsm, s);
       if (!this.kv) {
         const replicas = Math.max(...this.cfg.streams.map((s) => s.replicas));
@@ -298,6 +301,7 @@ export class JetStreamEngine implements HubStore, StreamSource {
       this.logger.info("jetstream stream created", { stream: s.name, subjects: want.subjects, replicas: s.replicas });
       return;
     }
+    if (info.cluster && !info.cluster.leader) throw new Error(`stream ${s.name} has no leader`);
     const c = info.config;
     const same =
       JSON.stringify([...(c.subjects ?? [])].sort()) === JSON.stringify([...want.subjects!].sort()) &&

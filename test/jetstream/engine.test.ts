@@ -7,13 +7,13 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import type { NatsConnection } from "nats";
+import { connect, type NatsConnection } from "nats";
 import type { JetStreamConfig } from "../../src/config/jetstream.ts";
 import { decodeEnvelope, encodeEnvelope } from "../../src/envelope/envelope.ts";
 import { JetStreamEngine } from "../../src/jetstream/engine.ts";
 import { downRecord } from "../../src/jetstream/foreign.ts";
 import { silentLogger } from "../../src/observability/logger.ts";
-import { tmpDir } from "../helpers.ts";
+import { freePort, tmpDir } from "../helpers.ts";
 import { NatsCluster } from "./nats-cluster.ts";
 
 let cluster: NatsCluster;
@@ -190,11 +190,7 @@ describe("JetStreamEngine: credentials and TLS towards NATS", () => {
   /** A single nats-server with JetStream and `extra` config; stopped after `fn`. */
   async function withServer(extra: string, fn: (url: string) => Promise<void>): Promise<void> {
     const dir = tmpDir();
-    const port = await new Promise<number>((res) => {
-      const s = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-      res(s.port);
-      s.stop(true);
-    });
+    const port = freePort();
     const conf = join(dir, "nats.conf");
     await Bun.write(conf, `listen: 127.0.0.1:${port}\njetstream { store_dir: "${join(dir, "js")}" }\n${extra}\n`);
     const proc = Bun.spawn([Bun.which("nats-server", { PATH: `/usr/sbin:/usr/bin:${process.env.PATH}` }) ?? "nats-server", "-c", conf], { stdout: "ignore", stderr: "ignore" });
@@ -258,4 +254,49 @@ describe("JetStreamEngine: credentials and TLS towards NATS", () => {
       expect(e.stats.stored).toBe(1);
     });
   }, 40_000);
+});
+
+describe("JetStreamEngine: a cluster that loses its quorum", () => {
+  test("is unavailable while no meta leader answers, and stays so though the server left still answers stream info; available again once the cluster is back", async () => {
+    const c = await NatsCluster.start(join(tmpDir(), "nats-quorum"));
+    try {
+      const e = new JetStreamEngine({ ...config(), servers: c.servers }, silentLogger, { healthMs: 300, probeMs: 150 });
+      engines.push(e);
+      const seen: string[] = [];
+      e.onState((s) => seen.push(s));
+      e.start();
+      await e.ready(AbortSignal.timeout(30_000));
+      await c.stopNode("n1");
+      await c.stopNode("n2");
+      // The server left may have been the meta leader, which goes on answering until it sees it lost
+      // its quorum; from the moment it says so (503), the engine must follow and stay unavailable.
+      const own = await connect({ servers: [`127.0.0.1:${c.node("n3").port}`] });
+      const ownJsm = await own.jetstreamManager({ checkAPI: false, timeout: 1000 });
+      const end = performance.now() + 60_000;
+      while (
+        performance.now() < end &&
+        (await ownJsm.getAccountInfo().then(
+          () => true,
+          (err) => !/503/.test(String(err)),
+        ))
+      )
+        await Bun.sleep(100);
+      await own.close();
+      while (e.state === "available" && performance.now() < end) await Bun.sleep(50);
+      expect(e.state).toBe("unavailable");
+      // The server left answers a stream's info from its own copy: a probe that took that for
+      // health would call the engine available again within a probe or two (150 ms each).
+      const from = seen.length;
+      const watchUntil = performance.now() + 5_000;
+      while (performance.now() < watchUntil) await Bun.sleep(100);
+      expect(seen.slice(from)).not.toContain("available");
+      expect(e.unavailable()).toBeTruthy();
+      c.startNode("n1");
+      c.startNode("n2");
+      await e.ready(AbortSignal.timeout(60_000));
+      expect(e.state).toBe("available");
+    } finally {
+      await c.stop();
+    }
+  }, 150_000);
 });
