@@ -6,6 +6,7 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { createCa, issueCert } from "../src/pki/certs.ts";
+import { freePort } from "../test/ports.ts";
 import { agentHealthy, spawnReady, stopProc, until } from "./procs.ts";
 import { RawHttp } from "./raw-http.ts";
 
@@ -135,9 +136,7 @@ export async function startTrio(dir: string, opts: { pattern?: string; extraPeer
   }
   const storage = opts.sync ?? "always";
   const tls = (n: string) => `tls:\n  cert: ${dir}/${n}.crt\n  key: ${dir}/${n}.key\n  ca: ${dir}/ca.crt\n`;
-  const probe = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const port = probe.port;
-  probe.stop(true);
+  const port = freePort();
   const peers = [
     `    - name: devA\n      publish: ['${pattern}']\n      subscribe: []`,
     `    - name: devB\n      publish: []\n      subscribe: ['${pattern}']`,

@@ -7,6 +7,7 @@
 import { mkdirSync, readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { createCa, issueCert } from "../src/pki/certs.ts";
+import { freePort } from "../test/ports.ts";
 import { portOpen, spawnReady, stopProc, type Proc } from "./procs.ts";
 
 const CONFIGS = join(import.meta.dir, "configs");
@@ -36,12 +37,7 @@ export function ensureInstalled(commands: Record<string, string> = { mosquitto: 
 
 export const bin = (name: string) => Bun.which(name, { PATH: `/usr/sbin:/usr/bin:${process.env.PATH}` }) ?? name;
 
-export function freePort(): number {
-  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const p = l.port;
-  l.stop(true);
-  return p;
-}
+export { freePort };
 
 /** A config from bench/configs with {{KEY}} filled in, written to `path`. */
 export function config(template: string, vars: Record<string, string | number>, path: string, append = ""): string {

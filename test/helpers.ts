@@ -75,13 +75,7 @@ export function spawnLines(cmd: string[], env: Record<string, string> = {}): Lin
 /** The bun executable running this test (child processes use the same one). */
 export const BUN = process.execPath;
 
-/** A free loopback port (bound and released: fine on a test machine). */
-export function freePort(): number {
-  const l = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const p = l.port;
-  l.stop(true);
-  return p;
-}
+export { freePort } from "./ports.ts";
 
 import { Agent } from "../src/agent/agent.ts";
 import { parseConfig } from "../src/config/schema.ts";

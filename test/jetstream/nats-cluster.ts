@@ -7,14 +7,7 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { connect, type NatsConnection } from "nats";
-
-/** A port free on loopback now. */
-function freePort(): number {
-  const s = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {} } });
-  const port = s.port;
-  s.stop(true);
-  return port;
-}
+import { freePort } from "../ports.ts";
 
 /** Polls `cond` until true, or throws naming `what` after `timeoutMs`. */
 async function waitFor(cond: () => Promise<boolean>, what: string, timeoutMs: number, everyMs: number): Promise<void> {
