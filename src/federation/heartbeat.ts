@@ -7,8 +7,8 @@
  *
  * The side that dialed keeps the link alive: it pings after a period in
  * which it sent nothing, and the other side answers. The side that
- * answers (the hub) pings only after two periods in which it heard
- * nothing, which a peer that pings never lets happen: one PING and one PONG
+ * answers (the hub) pings only after two and a half periods in which it
+ * heard nothing, which a peer that pings never lets happen: one PING and one PONG
  * a period on an idle link instead of up to two of each, and a hub with
  * many quiet links is woken by their pings, not by a timer of its own per
  * link every period.
@@ -35,8 +35,12 @@ export function heartbeatStep(now: number, lastRecv: number, lastSent: number, p
   if (now > deadAt) return { action: "dead", nextInMs: 0 };
   // Checked just after the dead line, so that a peer that is gone is found when it is due.
   if (answers) {
-    const askAt = lastRecv + 2 * periodMs;
-    if (now < askAt) return { action: "none", nextInMs: Math.max(MIN_WAIT_MS, askAt - now) };
+    // Looked at half a period past the two quiet periods, not on them: that line is when the
+    // dialer's next ping arrives, and a timer due on it fires just before the ping's read, a
+    // wake-up of its own every period. Half a period later the look finds the ping read and
+    // moves on two periods: one look every two periods, between pings. The dead line is the same.
+    const lookAt = lastRecv + 2 * periodMs + periodMs / 2;
+    if (now < lookAt) return { action: "none", nextInMs: Math.max(MIN_WAIT_MS, lookAt - now) };
   }
   const ping = now - lastSent >= periodMs;
   const sent = ping ? now : lastSent;

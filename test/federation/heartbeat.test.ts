@@ -42,43 +42,74 @@ describe("heartbeatStep", () => {
     expect(looks).toBeLessThanOrEqual(101);
   });
 
-  test("the side that answers pings only after two periods without a frame, and is dead after three", () => {
-    expect(heartbeatStep(2 * P - 1_000, 0, 0, P, true)).toEqual({ action: "none", nextInMs: 1_000 });
-    expect(heartbeatStep(2 * P, 0, 0, P, true)).toEqual({ action: "ping", nextInMs: P });
+  test("the side that answers pings only after two and a half periods without a frame, and is dead after three", () => {
+    expect(heartbeatStep(2.5 * P - 1_000, 0, 0, P, true)).toEqual({ action: "none", nextInMs: 1_000 });
+    expect(heartbeatStep(2.5 * P, 0, 0, P, true)).toEqual({ action: "ping", nextInMs: P / 2 + 1 });
     // Sending meanwhile (its own batches) it does not ping; the dead line stays where it was.
-    expect(heartbeatStep(2 * P, 0, 2 * P - 10, P, true).action).toBe("none");
+    expect(heartbeatStep(2.5 * P, 0, 2.5 * P - 10, P, true).action).toBe("none");
     expect(heartbeatStep(3 * P + 1, 0, 3 * P, P, true).action).toBe("dead");
   });
 
-  test("a link whose dialer pings every period: the side that answers never pings, and looks less than once a period", () => {
-    // The dialer pings at every period (its send clock: only its pings); the other side answers each at once.
+  test("a peer that stops is found dead at the same line on the side that answers, after its one ping", () => {
+    let now = heartbeatStep(0, 0, 0, P, true).nextInMs;
+    const actions: string[] = [];
+    for (let i = 0; i < 5; i++) {
+      const s = heartbeatStep(now, 0, 0, P, true);
+      actions.push(s.action);
+      if (s.action === "dead") break;
+      now += s.nextInMs;
+    }
+    expect(actions).toEqual(["ping", "dead"]);
+    expect(now).toBe(3 * P + 1);
+  });
+
+  // The dialer pings every period; each ping reaches the other side `transitMs` later, which
+  // answers at once. Its timer is run the way an event loop runs it: a timer due at the
+  // moment a ping is read fires first, in a wake-up of its own.
+  function answeringSide(transitMs: number, periods: number) {
     let dialerSent = 0;
     let hubRecv = 0;
     let hubSent = 0;
+    let arrival = -1;
     let hubNext = heartbeatStep(0, 0, 0, P, true).nextInMs;
     let dialerNext = heartbeatStep(0, 0, 0, P).nextInMs;
-    let hubLooks = 0;
-    let hubPings = 0;
-    for (let now = 0; now < 100 * P; now += 1) {
+    const looks: number[] = [];
+    let pings = 0;
+    for (let now = 0; now < periods * P; now += 1) {
+      if (now === hubNext) {
+        const s = heartbeatStep(now, hubRecv, hubSent, P, true);
+        expect(s.action).not.toBe("dead");
+        if (s.action === "ping") pings++;
+        looks.push(now);
+        hubNext = now + s.nextInMs;
+      }
       if (now === dialerNext) {
         const s = heartbeatStep(now, hubSent, dialerSent, P);
         expect(s.action).not.toBe("dead");
         if (s.action === "ping") {
           dialerSent = now;
-          hubRecv = now; // the ping arrives
-          hubSent = now; // the PONG
+          arrival = now + transitMs;
         }
         dialerNext = now + s.nextInMs;
       }
-      if (now === hubNext) {
-        const s = heartbeatStep(now, hubRecv, hubSent, P, true);
-        expect(s.action).toBe("none");
-        if (s.action === "ping") hubPings++;
-        hubLooks++;
-        hubNext = now + s.nextInMs;
+      if (now === arrival) {
+        hubRecv = now;
+        hubSent = now; // the PONG
       }
     }
-    expect(hubPings).toBe(0);
-    expect(hubLooks).toBeLessThanOrEqual(70);
+    return { looks, pings };
+  }
+
+  test("a link whose dialer pings every period: the side that answers never pings, and looks once every two periods, between pings", () => {
+    for (const transit of [0, 1, 5]) {
+      const { looks, pings } = answeringSide(transit, 100);
+      expect(pings).toBe(0);
+      // One look every two periods, none where a ping is read (each would be a wake-up of its own).
+      expect(looks.length).toBeLessThanOrEqual(51);
+      for (const at of looks.slice(1)) {
+        const phase = (at - transit) % P;
+        expect(Math.min(phase, P - phase)).toBeGreaterThan(P / 4);
+      }
+    }
   });
 });
