@@ -4,7 +4,7 @@
  * benchmark and the comparison with Mosquitto and NATS.
  */
 import { writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { createCa, issueCert } from "../src/pki/certs.ts";
 import { freePort } from "../test/ports.ts";
 import { agentHealthy, spawnReady, stopProc, until } from "./procs.ts";
@@ -24,7 +24,9 @@ export interface Proc {
 /**
  * Extra arguments to Bun for every agent a benchmark starts, from
  * KEYOP_BENCH_BUN_ARGS: `--cpu-prof --cpu-prof-dir=/tmp/p` profiles each
- * agent of a workload (docs/benchmarks.md, "Profiling").
+ * agent of a workload (docs/benchmarks.md, "Profiling"). With
+ * KEYOP_BENCH_STDERR_DIR set, each agent's stderr goes to a file of its own
+ * there (`<data dir>-<name>.stderr`), for runtime logs such as BUN_JSC_logGC.
  */
 export function bunArgs(): string[] {
   return (process.env.KEYOP_BENCH_BUN_ARGS ?? "").split(" ").filter(Boolean);
@@ -42,7 +44,9 @@ export async function start(dir: string, name: string, yaml: string, sync = "alw
   const cfg = join(dir, `${name}.yaml`);
   const socket = join(dir, `${name}.sock`);
   writeFileSync(cfg, `storage:\n  data_dir: ${join(dir, name)}\n  sync: ${sync}\napi:\n  socket: ${socket}\nlog:\n  level: warn\n${yaml}`);
-  const proc = await spawnReady([process.execPath, ...bunArgs(), build.main ?? MAIN, "run", "--config", cfg], agentHealthy(socket), `keyop ${name}`, { stderr: "inherit", env: build.env });
+  const errDir = process.env.KEYOP_BENCH_STDERR_DIR;
+  const stderr = errDir ? Bun.file(join(errDir, `${basename(dir)}-${name}.stderr`)) : "inherit";
+  const proc = await spawnReady([process.execPath, ...bunArgs(), build.main ?? MAIN, "run", "--config", cfg], agentHealthy(socket), `keyop ${name}`, { stderr, env: build.env });
   return { proc, socket };
 }
 

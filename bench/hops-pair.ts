@@ -22,8 +22,9 @@
  * compiler's threads, wake-ups per message, p50 and p99, and RSS. Each
  * setup first warms up as the steady step does (60,000 messages at
  * 4,000/s, then `warm-secs` at the rate). It prints each pair and one JSON
- * line: the medians of B/A per pair for CPU and p99, and how many pairs
- * had B's CPU lower.
+ * line: the medians of B/A per pair for CPU and p99, how many pairs had
+ * B's CPU lower, and each side's percentiles over all its bursts' messages
+ * together (steadier than a median of per-burst p99s).
  */
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -133,6 +134,8 @@ interface Burst {
   lost: number;
   /** Resident memory of the agents at the end, MB. */
   rssMB: number;
+  /** Every message's latency, ms. */
+  lat: number[];
 }
 
 async function burst(s: Side): Promise<Burst> {
@@ -151,6 +154,7 @@ async function burst(s: Side): Promise<Burst> {
     p99: quantile([...s.lat], 0.99),
     lost: total - (s.got - got0),
     rssMB: pidsOf(s).reduce((m, pid) => m + rssOf(pid), 0),
+    lat: s.lat,
   };
 }
 
@@ -168,6 +172,8 @@ try {
   const cpu: number[] = [];
   const nonJit: number[] = [];
   const p99: number[] = [];
+  // Every burst's latencies pooled per side: a burst's p99 rests on its 50 slowest messages and moves a lot from one to the next.
+  const pooled: { a: number[]; b: number[] } = { a: [], b: [] };
   await alternating(
     pairs,
     () => burst(a),
@@ -176,6 +182,8 @@ try {
       cpu.push(y.cpuUs / x.cpuUs);
       nonJit.push((y.cpuUs - y.jitUs) / (x.cpuUs - x.jitUs));
       p99.push(y.p99 / x.p99);
+      for (const v of x.lat) pooled.a.push(v);
+      for (const v of y.lat) pooled.b.push(v);
       console.log(`pair ${i + 1}: A ${fmt(x)} | B ${fmt(y)} | B/A ${(y.cpuUs / x.cpuUs).toFixed(3)}`);
     },
   );
@@ -189,6 +197,10 @@ try {
       // Without the JIT compiler's threads, whose recompiles come and go from one burst to the next.
       cpuWithoutJitBOverA: +quantile([...nonJit], 0.5).toFixed(3),
       p99BOverA: +quantile([...p99], 0.5).toFixed(3),
+      pooledMs: Object.fromEntries(
+        (["a", "b"] as const).map((k) => [k, { p50: +quantile([...pooled[k]], 0.5).toFixed(3), p99: +quantile([...pooled[k]], 0.99).toFixed(3), p999: +quantile([...pooled[k]], 0.999).toFixed(3) }]),
+      ),
+      pooledP99BOverA: +(quantile([...pooled.b], 0.99) / quantile([...pooled.a], 0.99)).toFixed(3),
       pairsWithBLower: cpu.filter((r) => r < 1).length,
       a: { tree: a.tree, env: a.env },
       b: { tree: b.tree, env: b.env },

@@ -44,7 +44,7 @@ export async function spawnReady(
   cmd: string[],
   ready: () => Promise<boolean>,
   what: string,
-  opts: { stderr?: "inherit" | "ignore"; group?: Set<Proc>; env?: Record<string, string> } = {},
+  opts: { stderr?: "inherit" | "ignore" | ReturnType<typeof Bun.file>; group?: Set<Proc>; env?: Record<string, string> } = {},
 ): Promise<Proc> {
   const proc = Bun.spawn(cmd, { stdout: "ignore", stderr: opts.stderr ?? "ignore", env: opts.env ? { ...process.env, ...opts.env } : undefined });
   opts.group?.add(proc);

@@ -169,9 +169,11 @@ export async function cellsPerInput(workload: string, make: (i: number) => Uint8
   const inputs = new Inputs(n, make);
   Bun.gc(true);
   const canary = new WeakRef({ canary: true });
-  const before = heapStats().objectTypeCounts;
+  const statsBefore = heapStats();
+  const before = statsBefore.objectTypeCounts;
   await drive(inputs, feed, out, 0);
-  const after = heapStats().objectTypeCounts;
+  const statsAfter = heapStats();
+  const after = statsAfter.objectTypeCounts;
   const collected = canary.deref() === undefined;
   const byType = Object.entries(after)
     .map(([type, count]) => [type, Math.round(((count - (before[type] ?? 0)) / n) * 100) / 100] as const)
@@ -182,6 +184,9 @@ export async function cellsPerInput(workload: string, make: (i: number) => Uint8
     workload: `${workload}, cells per input (fed one at a time)`,
     inputs: n,
     cellsPerInput: collected ? null : total,
+    // The heap's bytes (cells and the bytes of small typed arrays kept in it) and the extra memory reported to it (large buffers'), per input: what drives young collections.
+    heapBytesPerInput: collected ? null : Math.round((statsAfter.heapSize - statsBefore.heapSize) / n),
+    extraBytesPerInput: collected ? null : Math.round((statsAfter.extraMemorySize - statsBefore.extraMemorySize) / n),
     byType: collected ? null : Object.fromEntries(byType),
     note: collected ? "a collection ran in the window: no count; take a smaller --cells" : undefined,
   });
