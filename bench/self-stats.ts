@@ -184,8 +184,9 @@ export async function cellsPerInput(workload: string, make: (i: number) => Uint8
     workload: `${workload}, cells per input (fed one at a time)`,
     inputs: n,
     cellsPerInput: collected ? null : total,
-    // The heap's bytes (cells and the bytes of small typed arrays kept in it) and the extra memory reported to it (large buffers'), per input: what drives young collections.
-    heapBytesPerInput: collected ? null : Math.round((statsAfter.heapSize - statsBefore.heapSize) / n),
+    // The memory outside the heap reported to it (the bytes of buffers that are not small typed
+    // arrays), per input; it counts toward the next collection as cells do. (The heap's own size
+    // moves only when a collection measures it, so cells are counted by type above instead.)
     extraBytesPerInput: collected ? null : Math.round((statsAfter.extraMemorySize - statsBefore.extraMemorySize) / n),
     byType: collected ? null : Object.fromEntries(byType),
     note: collected ? "a collection ran in the window: no count; take a smaller --cells" : undefined,
