@@ -119,12 +119,19 @@ const DAMAGE_KEPT = 16;
 /** Default preallocation step. */
 const PREALLOCATE_BYTES = 1024 * 1024;
 /**
- * A commit of at most this many records with no other in flight is
- * fdatasynced on the event loop's own thread: at the rates a board runs,
- * commits carry one record each, and the thread pool's round trip (a wake-up
- * there, another back) cost more CPU than the fdatasync itself.
+ * A commit of at most this many records (and INLINE_SYNC_BYTES) with no
+ * other in flight is fdatasynced on the event loop's own thread. At the
+ * rates a board runs, commits carry one record each, and the thread pool's
+ * round trip (a wake-up there, another back) cost more CPU than the
+ * fdatasync itself; under many MQTT publishes in flight a commit carries a
+ * client's window (64 by default), and the round trip cost as much again as
+ * the rest of the work, where overlapping two commits on the pool gained no
+ * rate. Larger commits (a forwarded backlog's batches) keep the pool, whose
+ * overlap of two fdatasyncs was worth more there than the CPU; and a commit
+ * of megabytes must not hold every socket and timer for its flush.
  */
-const INLINE_SYNC_RECORDS = 8;
+const INLINE_SYNC_RECORDS = 64;
+const INLINE_SYNC_BYTES = 64 * 1024;
 /**
  * ...but only while this disk's fdatasyncs are quick (smoothed, ms): an SD
  * card that takes tens of ms must not hold every socket and timer of the
@@ -519,7 +526,7 @@ export class ChannelLog {
       }
       return true;
     }
-    if (this.inflight === 0 && chunk.length <= INLINE_SYNC_RECORDS && this.fsyncMs < INLINE_SYNC_MAX_MS) {
+    if (this.inflight === 0 && chunk.length <= INLINE_SYNC_RECORDS && bytes <= INLINE_SYNC_BYTES && this.fsyncMs < INLINE_SYNC_MAX_MS) {
       const sfh = seg.syncHandleNow();
       if (sfh) return this.syncInline(seg, sfh, pos, firstSeq, chunk);
     }
