@@ -108,6 +108,48 @@ describe("ChannelLog", () => {
     await log.close();
   });
 
+  test("a commit of up to 64 records and 64 KiB is fdatasynced on the event loop when none is in flight; a larger one on the thread pool", async () => {
+    const dir = join(tmpDir(), "c");
+    let fsyncs = 0;
+    // The log's own view of this disk (the same smoothing): only a quick one is fdatasynced inline.
+    let smoothedMs = 0;
+    const log = await ChannelLog.open(
+      "c",
+      dir,
+      opts({
+        // No fill ahead of the writes that one of them could have to wait for.
+        preallocateBytes: 0,
+        onFsync: (ms) => {
+          fsyncs++;
+          smoothedMs += (ms - smoothedMs) / 8;
+        },
+      }),
+      { create: true },
+    );
+    // Warm: the segment's handles are open, and a new file's first slow fdatasync has faded.
+    for (let i = 0; i < 32 && (i === 0 || smoothedMs >= 1); i++) await log.append(bodyOf(i));
+    const cases = [
+      { records: 64, bytes: 300, inline: true },
+      { records: 65, bytes: 300, inline: false },
+      { records: 64, bytes: 1100, inline: false },
+      { records: 1, bytes: 300, inline: true },
+    ];
+    for (const c of cases) {
+      // A turn first: appends that follow a write in the same turn wait for the next one, to share it.
+      await new Promise((r) => setImmediate(r));
+      const quick = smoothedMs < 2;
+      const before = fsyncs;
+      const done = log.appendMany(Array.from({ length: c.records }, () => new Uint8Array(c.bytes).fill(7)));
+      // The log's write runs in a microtask queued before this continuation; an fdatasync on the
+      // thread pool can only finish in a later turn of the event loop.
+      await null;
+      expect({ ...c, syncedInTheSameTurn: fsyncs - before }).toEqual({ ...c, syncedInTheSameTurn: c.inline && quick ? 1 : 0 });
+      expect((await done).length).toBe(c.records);
+      expect(fsyncs - before).toBe(1);
+    }
+    await log.close();
+  });
+
   for (const sync of ["always", "none"] as const) {
     test(`appends from separate callbacks of one turn share commits, as concurrent clients' requests do (sync: ${sync})`, async () => {
       const dir = join(tmpDir(), "c");
