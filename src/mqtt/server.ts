@@ -204,6 +204,7 @@ export class MqttServer implements SessionHost {
       this,
       {
         write: (bytes) => out.push(bytes),
+        writeNow: (bytes) => out.pushNow(bytes),
         writable: () => out.writable(),
         behind: () => out.full,
         end() {
@@ -374,6 +375,7 @@ export class MqttServer implements SessionHost {
           ws.data.out = out;
           ws.data.session = new MqttSession(self, {
             write: (bytes) => out.push(bytes),
+            writeNow: (bytes) => out.pushNow(bytes),
             writable: () => (ws.getBufferedAmount() <= CLIENT_HIGH_WATER_BYTES ? out.writable() : new Promise<void>((r) => ws.data.waiters.push(r))),
             behind: () => ws.getBufferedAmount() > CLIENT_HIGH_WATER_BYTES || out.full,
             end() {

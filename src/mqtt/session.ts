@@ -58,6 +58,8 @@ export interface SessionHost {
 export interface Wire {
   /** Queues bytes; false when the client is behind (more than the high-water mark queued). */
   write(bytes: Uint8Array): boolean;
+  /** Writes bytes now, after anything queued, not at the end of this turn; returns as `write`. */
+  writeNow(bytes: Uint8Array): boolean;
   /** Resolves once the client has caught up below the high-water mark. */
   writable(): Promise<void>;
   /** Whether `writable()` would wait now. */
@@ -679,7 +681,8 @@ export class MqttSession implements SharedMember {
       try {
         const r = this.host.messenger.publishNow(channel, this.host.cfg.payloadType, payload, { meta });
         if (!(r instanceof Promise)) {
-          if (qos === 1) this.wire.write(pubackBytes(id!));
+          // Nothing else of this read is coming to join it: the end of the turn would only cost a callback.
+          if (qos === 1) this.wire.writeNow(pubackBytes(id!));
           return;
         }
         stored = r;

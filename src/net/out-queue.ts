@@ -55,6 +55,28 @@ export class OutQueue {
     return this.outBytes <= this.highWater;
   }
 
+  /**
+   * Writes bytes now, after whatever is queued, rather than at the end of
+   * the turn: for a caller that knows nothing else of this turn will join
+   * them (the turn's callback would cost more than the join saves). Returns
+   * as `push` does.
+   */
+  pushNow(bytes: Uint8Array): boolean {
+    if (this.closed) return false;
+    if (this.blocked || this.out.length > 0) {
+      const below = this.push(bytes);
+      if (!this.blocked) this.flush();
+      return below;
+    }
+    const written = Math.max(0, this.write(bytes));
+    if (written < bytes.length) {
+      this.out.push(bytes.subarray(written));
+      this.outBytes += bytes.length - written;
+      this.blocked = true;
+    }
+    return this.outBytes <= this.highWater;
+  }
+
   /** Writes what is queued now (unless the socket is blocked), e.g. just before ending it. */
   flushNow(): void {
     if (!this.blocked) this.flush();

@@ -72,6 +72,39 @@ describe("OutQueue", () => {
     expect(q.bytes).toBe(0);
   });
 
+  test("pushNow writes at once, after whatever was queued; a part the socket did not take waits for drained(), in order", async () => {
+    const writes: number[][] = [];
+    let room = 100;
+    const q = new OutQueue((b) => {
+      const n = Math.min(room, b.length);
+      room -= n;
+      writes.push([...b.subarray(0, n)]);
+      return n;
+    }, 8);
+    // Nothing queued: written in the call, no write left for the end of the turn.
+    expect(q.pushNow(Uint8Array.of(1, 2))).toBe(true);
+    expect(writes).toEqual([[1, 2]]);
+    await new Promise((r) => setImmediate(r));
+    expect(writes).toEqual([[1, 2]]);
+    // Queued bytes go first, in the same write.
+    q.push(Uint8Array.of(3));
+    q.pushNow(Uint8Array.of(4, 5));
+    expect(writes).toEqual([[1, 2], [3, 4, 5]]);
+    // The socket takes part: the rest waits, later bytes queue behind it, nothing is written until drained().
+    room = 1;
+    expect(q.pushNow(Uint8Array.of(6, 7, 8))).toBe(true);
+    expect(q.bytes).toBe(2);
+    expect(q.pushNow(Uint8Array.of(9, 10, 11, 12, 13, 14, 15))).toBe(false); // 9 queued > high water 8
+    await new Promise((r) => setImmediate(r));
+    expect(writes).toEqual([[1, 2], [3, 4, 5], [6]]);
+    room = 100;
+    q.drained();
+    expect(writes.flat()).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]);
+    expect(q.bytes).toBe(0);
+    q.close();
+    expect(q.pushNow(Uint8Array.of(16))).toBe(false);
+  });
+
   test("close() drops what waits and releases writers; later pushes are refused", async () => {
     const q = new OutQueue(() => 0, 1);
     q.push(Uint8Array.of(1, 2, 3));

@@ -94,7 +94,8 @@ describe.skipIf(skipReason !== null)("disk full", () => {
         if (p.cmd === "connack") connacked = true;
         if (p.cmd === "puback") acks.push({ id: p.messageId!, reason: (p as { reasonCode?: number }).reasonCode ?? 0 });
       });
-      const wire = { write: (b: Uint8Array) => (parser.parse(Buffer.from(b)), true), writable: () => Promise.resolve(), behind: () => false, end() {} };
+      const write = (b: Uint8Array) => (parser.parse(Buffer.from(b)), true);
+      const wire = { write, writeNow: write, writable: () => Promise.resolve(), behind: () => false, end() {} };
       const s = new MqttSession(a.agent.mqtt!, wire);
       s.data(mqttPacket.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 5, clean: true, clientId: "full", keepalive: 0 } as mqttPacket.Packet, { protocolVersion: 5 }));
       await waitFor(() => connacked, "CONNACK");
