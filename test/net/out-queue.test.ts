@@ -89,7 +89,10 @@ describe("OutQueue", () => {
     // Queued bytes go first, in the same write.
     q.push(Uint8Array.of(3));
     q.pushNow(Uint8Array.of(4, 5));
-    expect(writes).toEqual([[1, 2], [3, 4, 5]]);
+    expect(writes).toEqual([
+      [1, 2],
+      [3, 4, 5],
+    ]);
     // The socket takes part: the rest waits, later bytes queue behind it, nothing is written until drained().
     room = 1;
     expect(q.pushNow(Uint8Array.of(6, 7, 8))).toBe(true);
