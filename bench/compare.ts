@@ -18,7 +18,7 @@ import mqtt, { type IClientOptions, type MqttClient } from "mqtt";
 import { connect as natsConnect, StorageType, type NatsConnection } from "nats";
 import { rssOf, anonOf, startAgent, publishRate } from "./api.ts";
 import { paced, start, startTrio, stop, streamCount, until, type Proc } from "./fed-lib.ts";
-import { diskFloorUs, pace, printTable, quantile, writeResults, type Row } from "./lib.ts";
+import { diskFloorUs, pace, printTable, quantile, workers, writeResults, type Row } from "./lib.ts";
 import { portOpen, spawnReady, stopProc, type Proc as Child } from "./procs.ts";
 import { bin, cpuOf, ensureInstalled, freePort, Servers, type ConfServer, type Server } from "./servers.ts";
 import { RawHttp } from "./raw-http.ts";
@@ -58,22 +58,6 @@ const dir = (name: string) => servers.dir(name);
 const kill = (s: { proc: Child }, signal: "SIGTERM" | "SIGKILL" = "SIGTERM") => servers.kill(s, signal);
 const mosquitto = (name: string, append = "") => servers.mosquitto(name, append);
 const natsJs = (name: string) => servers.natsJs(name);
-
-/** `n` concurrent loops calling `fn` for `secs`; operations per second. */
-async function workers(n: number, secs: number, fn: () => Promise<unknown>): Promise<number> {
-  const t0 = performance.now();
-  const end = t0 + secs * 1000;
-  let count = 0;
-  await Promise.all(
-    Array.from({ length: n }, async () => {
-      while (performance.now() < end) {
-        await fn();
-        count++;
-      }
-    }),
-  );
-  return count / ((performance.now() - t0) / 1000);
-}
 
 /** `n` concurrent loops calling `fn` until `total` succeeded. */
 async function untilCount(n: number, total: number, fn: () => Promise<unknown>): Promise<void> {

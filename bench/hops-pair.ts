@@ -31,18 +31,10 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import mqtt from "mqtt";
 import { type Build, type Proc, start, startTrio, stop } from "./fed-lib.ts";
-import { alternating, pace, quantile } from "./lib.ts";
+import { alternating, arg, envOf, pace, quantile } from "./lib.ts";
 import { portOpen, until } from "./procs.ts";
 import { costBetween, freePort, snapshotOf } from "./servers.ts";
 
-const arg = (name: string, def: string): string => process.argv.find((a) => a.startsWith(`--${name}=`))?.slice(name.length + 3) ?? def;
-const envOf = (s: string): Record<string, string> =>
-  Object.fromEntries(
-    s
-      .split(" ")
-      .filter(Boolean)
-      .map((kv) => [kv.slice(0, kv.indexOf("=")), kv.slice(kv.indexOf("=") + 1)]),
-  );
 const sync = arg("sync", "none");
 const rate = Number(arg("rate", "1000"));
 const secs = Number(arg("secs", "5"));

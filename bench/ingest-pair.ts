@@ -22,18 +22,10 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import mqtt from "mqtt";
 import { type Proc, start, stop } from "./fed-lib.ts";
-import { alternating, diskFloorUs, quantile } from "./lib.ts";
+import { alternating, arg, diskFloorUs, envOf, quantile, workers } from "./lib.ts";
 import { portOpen, until } from "./procs.ts";
 import { costBetween, freePort, snapshotOf } from "./servers.ts";
 
-const arg = (name: string, def: string): string => process.argv.find((a) => a.startsWith(`--${name}=`))?.slice(name.length + 3) ?? def;
-const envOf = (s: string): Record<string, string> =>
-  Object.fromEntries(
-    s
-      .split(" ")
-      .filter(Boolean)
-      .map((kv) => [kv.slice(0, kv.indexOf("=")), kv.slice(kv.indexOf("=") + 1)]),
-  );
 const sync = arg("sync", "always");
 const inflight = Number(arg("inflight", "64"));
 const secs = Number(arg("secs", "4"));
@@ -57,21 +49,8 @@ async function side(label: string, tree: string, env: Record<string, string>): P
   return { tree, env, dir, agent, client };
 }
 
-/** `n` loops, each publishing the next message once its PUBACK came, for `s` seconds; messages a second. */
-async function workers(c: mqtt.MqttClient, n: number, s: number): Promise<number> {
-  const t0 = performance.now();
-  const end = t0 + s * 1000;
-  let count = 0;
-  await Promise.all(
-    Array.from({ length: n }, async () => {
-      while (performance.now() < end) {
-        await c.publishAsync("bench/in", PAYLOAD, { qos: 1 });
-        count++;
-      }
-    }),
-  );
-  return count / ((performance.now() - t0) / 1000);
-}
+/** `inflight` loops, each publishing the next message once its PUBACK came, for `s` seconds; messages a second. */
+const publishFor = (c: mqtt.MqttClient, s: number) => workers(inflight, s, () => c.publishAsync("bench/in", PAYLOAD, { qos: 1 }));
 
 interface Round {
   rate: number;
@@ -89,7 +68,7 @@ async function round(s: Side): Promise<Round> {
   const c0 = snapshotOf([s.agent.proc.pid]);
   const u0 = process.cpuUsage();
   const t0 = performance.now();
-  const rate = await workers(s.client, inflight, secs);
+  const rate = await publishFor(s.client, secs);
   const wall = (performance.now() - t0) * 1000;
   const u = process.cpuUsage(u0);
   const c = costBetween(c0, snapshotOf([s.agent.proc.pid]));
@@ -103,7 +82,7 @@ const a = await side("a", resolve(arg("a", ".")), envOf(arg("env-a", "")));
 const b = await side("b", resolve(arg("b", ".")), envOf(arg("env-b", "")));
 try {
   // Warm-up, untimed: the JIT of both agents, the first segments' allocation.
-  for (const s of [a, b]) await workers(s.client, inflight, 6);
+  for (const s of [a, b]) await publishFor(s.client, 6);
   const rate: number[] = [];
   const cpu: number[] = [];
   await alternating(

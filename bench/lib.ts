@@ -136,3 +136,34 @@ export async function alternating<T>(pairs: number, a: () => Promise<T>, b: () =
     }
   }
 }
+
+/** `--name=value` from this process's arguments, or `def`. */
+export function arg(name: string, def: string): string {
+  return process.argv.find((a) => a.startsWith(`--${name}=`))?.slice(name.length + 3) ?? def;
+}
+
+/** "K=V K2=V2" (an `--env-a`/`--env-b` argument) as an environment to add. */
+export function envOf(s: string): Record<string, string> {
+  return Object.fromEntries(
+    s
+      .split(" ")
+      .filter(Boolean)
+      .map((kv) => [kv.slice(0, kv.indexOf("=")), kv.slice(kv.indexOf("=") + 1)]),
+  );
+}
+
+/** `n` concurrent loops calling `fn` for `secs`; operations per second. */
+export async function workers(n: number, secs: number, fn: () => Promise<unknown>): Promise<number> {
+  const t0 = performance.now();
+  const end = t0 + secs * 1000;
+  let count = 0;
+  await Promise.all(
+    Array.from({ length: n }, async () => {
+      while (performance.now() < end) {
+        await fn();
+        count++;
+      }
+    }),
+  );
+  return count / ((performance.now() - t0) / 1000);
+}
