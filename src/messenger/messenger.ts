@@ -10,6 +10,7 @@ import { buildEnvelope, buildOnCheckedChannel, type BuiltEnvelope } from "../env
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
 import { BufferFullError, ClosedError, ConflictError, InvalidArgumentError, KeyopError, NoRequestError, NoRespondersError, RouteDownError, TooLargeError } from "../errors.ts";
 import { Inboxes, isInbox, newInbox } from "./inbox.ts";
+import { type PublishWaiter, QueuedPublish } from "./queued-publish.ts";
 import { Histogram, type LatencySummary } from "../observability/histogram.ts";
 import type { ChannelLog, LogHealth, RetentionPolicy } from "../store/channel-log.ts";
 import { type AppliedPolicy, ChannelPolicies, type ChannelPolicy } from "./channel-policy.ts";
@@ -306,6 +307,36 @@ export class Messenger {
     const seq = log.appendNow(body);
     if (typeof seq !== "number") return this.publishedLater(seq, channel, id, ts, t0);
     return this.published(channel, id, seq, ts, t0);
+  }
+
+  /**
+   * `publish` for a caller that publishes many messages in one turn and is
+   * told of each through `waiter` (an MQTT client's window): the message is
+   * queued for the next group commit, and `waiter.publishSettled` is called
+   * once it is durable or refused, with no promise, callback or result per
+   * message. A message that cannot be built into an open channel's log is
+   * refused before this returns. Channels with policies, inboxes and
+   * channels whose log is not open yet take `publish`'s way, with the same
+   * outcome.
+   */
+  publishTo(channel: string, type: string, payload: unknown, opts: PublishOptions | undefined, waiter: PublishWaiter): void {
+    // Only an open log: a channel not yet created is checked and created the long way.
+    const log = this.policies.empty && !isInbox(channel) ? this.store.get(channel) : undefined;
+    if (log === undefined) return this.publishThen(channel, type, payload, opts, waiter);
+    let body: Uint8Array;
+    try {
+      body = this.encode(channel, type, payload, opts).body;
+    } catch (err) {
+      return waiter.publishSettled(err);
+    }
+    log.enqueue(new QueuedPublish(body, performance.now(), this.countersOf(channel), this.publishLatency, waiter));
+  }
+
+  private publishThen(channel: string, type: string, payload: unknown, opts: PublishOptions | undefined, waiter: PublishWaiter): void {
+    this.publish(channel, type, payload, opts).then(
+      () => waiter.publishSettled(undefined),
+      (err: unknown) => waiter.publishSettled(err),
+    );
   }
 
   // The callbacks of a write that did not settle at once live in functions of their own: a

@@ -12,6 +12,7 @@ import { decodeEnvelope, type MessageMeta } from "../envelope/envelope.ts";
 import { publisherIs, utf8Bytes } from "../envelope/scan.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { StoredEnvelope } from "../messenger/durable-subscriber.ts";
+import type { PublishWaiter } from "../messenger/queued-publish.ts";
 import { Window } from "../messenger/window.ts";
 import { payloadOf, pubackBytes, storedPayload } from "./payload.ts";
 import { decodeFast, encodePublish, type Frame, LastTopic, MqttFramer, MqttFrameError, type Publish, publishSize } from "./codec.ts";
@@ -125,11 +126,20 @@ const NO_BYTES = new Uint8Array(0);
 const TOPIC_ALIAS_MAX = 64;
 
 /** A publish waiting for its write to be durable before its acknowledgement. */
-interface PendingAck {
-  id: number | undefined;
-  qos: number;
-  done: boolean;
-  error: unknown;
+/** A publish waiting for its acknowledgement, in the order publishes came; the messenger tells it how its store came out. */
+class PendingAck implements PublishWaiter {
+  done = false;
+  error: unknown = undefined;
+
+  constructor(
+    readonly id: number | undefined,
+    readonly qos: number,
+    private readonly settle: (ack: PendingAck, error: unknown) => void,
+  ) {}
+
+  publishSettled(error: unknown): void {
+    this.settle(this, error);
+  }
 }
 
 /** An MQTT client connection and its session state. */
@@ -665,7 +675,7 @@ export class MqttSession implements SharedMember {
     const earlier = qos === 2 && id !== undefined ? this.qos2.get(id) : undefined;
     if (earlier) {
       // The same QoS 2 publish again before PUBREL: not stored twice; PUBREC once the first is durable.
-      const again: PendingAck = { id, qos, done: false, error: undefined };
+      const again = new PendingAck(id, qos, this.settleAck);
       this.acks.push(again);
       this.settleWhen(again, earlier);
       return;
@@ -690,8 +700,13 @@ export class MqttSession implements SharedMember {
         stored = Promise.reject(err);
       }
     }
-    const ack: PendingAck = { id, qos, done: false, error: undefined };
+    const ack = new PendingAck(id, qos, this.settleAck);
     this.acks.push(ack);
+    if (stored === undefined && qos < 2 && !p.retain) {
+      // One of a window: queued for the next group commit, its ack told by a call, no promise.
+      this.host.messenger.publishTo(channel, this.host.cfg.payloadType, payload, { meta }, ack);
+      return;
+    }
     stored ??= this.host.messenger.publish(channel, this.host.cfg.payloadType, payload, { meta });
     if (p.retain) stored = this.retainAfter(stored, channel, p.payload as Buffer, qos, props);
     // A QoS 2 packet id is taken from now until PUBREL (or until its write fails).
@@ -701,6 +716,20 @@ export class MqttSession implements SharedMember {
 
   // The callbacks of `publish` live in functions of their own: a function that makes a closure
   // anywhere in it allocates its scope on every call until the JIT has optimized it.
+
+  /** How an acknowledgement's store came out. The messenger calls this, maybe inside a commit of the log: it must not throw. */
+  private readonly settleAck = (ack: PendingAck, error: unknown): void => {
+    try {
+      this.settle(ack, error);
+    } catch (err) {
+      // Whatever goes wrong with one client's acknowledgements, the log's commit goes on: that connection ends.
+      try {
+        this.fail(`internal error: ${String(err)}`);
+      } catch {
+        this.shutdown(true);
+      }
+    }
+  };
 
   /** Settles `ack` once `stored` has, either way. */
   private settleWhen(ack: PendingAck, stored: Promise<unknown>): void {

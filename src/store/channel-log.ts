@@ -96,7 +96,7 @@ export interface RetentionResult {
 }
 
 /** An append waiting for its write: settled by calls of `resolve` or `reject` as its methods (an `Outcome`'s are). */
-interface Pending {
+export interface Pending {
   readonly body: Uint8Array;
   /** performance.now() when the append was requested. */
   readonly at: number;
@@ -277,15 +277,35 @@ export class ChannelLog {
    * must be an array of its own that nobody changes afterwards.
    */
   append(body: Uint8Array): Promise<number> {
-    if (this.closed) return Promise.reject(new ClosedError(`channel ${this.name} is closed`));
-    if (this.failure) return Promise.reject(this.failure);
-    if (body.length === 0 || body.length > MAX_RECORD_BODY) {
-      return Promise.reject(new TooLargeError(`record of ${body.length} bytes is outside 1..${MAX_RECORD_BODY}`));
-    }
+    const refused = this.refusal(body);
+    if (refused) return Promise.reject(refused);
     return new Promise<number>((resolve, reject) => {
       this.queue.push({ body, at: performance.now(), resolve, reject });
       this.schedule();
     });
+  }
+
+  /**
+   * `append` for a caller that takes the outcome as calls of `p.resolve`
+   * (with the seq, once durable) or `p.reject`, with no promise per record:
+   * many appends in one turn, each its own object, share a write as
+   * `append`'s do. A refusal (closed, failed, size) comes through
+   * `p.reject` before this returns. `p.body` is kept as `append` keeps its
+   * body. `p`'s methods must not throw: they run inside the commit.
+   */
+  enqueue(p: Pending): void {
+    const refused = this.refusal(p.body);
+    if (refused) return p.reject(refused);
+    this.queue.push(p);
+    this.schedule();
+  }
+
+  /** Why an append of `body` is refused now, or null when it may be queued. */
+  private refusal(body: Uint8Array): Error | null {
+    if (this.closed) return new ClosedError(`channel ${this.name} is closed`);
+    if (this.failure) return this.failure;
+    if (body.length === 0 || body.length > MAX_RECORD_BODY) return new TooLargeError(`record of ${body.length} bytes is outside 1..${MAX_RECORD_BODY}`);
+    return null;
   }
 
   /**
@@ -333,9 +353,8 @@ export class ChannelLog {
     const n = bodies.length;
     if (n === 0) return Promise.resolve([]);
     for (const body of bodies) {
-      if (body.length === 0 || body.length > MAX_RECORD_BODY) {
-        return Promise.reject(new TooLargeError(`record of ${body.length} bytes is outside 1..${MAX_RECORD_BODY}`));
-      }
+      const refused = this.refusal(body);
+      if (refused) return Promise.reject(refused);
     }
     return new Promise<number[]>((resolve, reject) => {
       const at = performance.now();

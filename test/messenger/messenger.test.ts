@@ -127,6 +127,54 @@ describe("publish", () => {
     await expect(closed).rejects.toMatchObject({ code: "closed" });
   });
 
+  test("publishTo: told by a call once stored, in publish order, counted as published; a bad message for an open log refused before it returns; channels with policies and ones not open yet take publish's way", async () => {
+    const m = await open(tmpDir(), { maxMessageBytes: 1000 });
+    const outcomes: string[] = [];
+    const waiter = (name: string) => ({ publishSettled: (err: unknown) => void outcomes.push(err === undefined ? name : `${name}:${(err as { code: string }).code}`) });
+    try {
+      // Not open yet: the long way, with the same outcome.
+      m.publishTo("win", "t", 0, undefined, waiter("first"));
+      await waitFor(() => outcomes.length === 1, "the first, through publish");
+      expect(outcomes).toEqual(["first"]);
+      // Open: a window of them in one turn, each told by a call after the turn's commit.
+      for (let i = 1; i <= 20; i++) m.publishTo("win", "t", i, { meta: { publisher: "c1" } }, waiter(`w${i}`));
+      expect(outcomes.length).toBe(1);
+      await waitFor(() => outcomes.length === 21, "the window");
+      expect(outcomes.slice(1)).toEqual(Array.from({ length: 20 }, (_, i) => `w${i + 1}`));
+      expect(m.stats().channels.find((c) => c.channel === "win")?.published).toBe(21);
+      // Refused before the call returns.
+      m.publishTo("win", "", 1, undefined, waiter("no-type"));
+      expect(outcomes.at(-1)).toBe("no-type:invalid_argument");
+      m.publishTo("win", "t", "x".repeat(2000), undefined, waiter("big"));
+      expect(outcomes.at(-1)).toBe("big:too_large");
+      // A channel with no open log (here one that cannot be) is checked the long way.
+      m.publishTo("bad..x", "t", 1, undefined, waiter("bad"));
+      await waitFor(() => outcomes.at(-1) === "bad:invalid_channel", "the bad channel refused");
+      const got: Message[] = [];
+      await m.subscribe("win", "r", (msg) => void got.push(msg), { from: "earliest" });
+      await waitFor(() => got.length === 21, "all delivered");
+      expect(got.map((g) => g.payload)).toEqual(Array.from({ length: 21 }, (_, i) => i));
+      expect(got[5]!.publisher).toBe("c1");
+    } finally {
+      await m.close();
+    }
+    const after: unknown[] = [];
+    m.publishTo("win", "t", 1, undefined, { publishSettled: (err) => void after.push(err) });
+    await waitFor(() => after.length === 1, "refused after close");
+    expect(after[0]).toMatchObject({ code: "closed" });
+    // With channel policies: publish's way (room made first), told all the same, refusals too.
+    const p = await open(tmpDir(), { channels: [{ pattern: "capped.>", maxBytes: 32 * 1024, fullPolicy: "reject" }] });
+    try {
+      for (let i = 0; i < 3; i++) p.publishTo("capped.a", "t", i, undefined, waiter(`capped${i}`));
+      p.publishTo("capped.a", "", 1, undefined, waiter("capped-bad"));
+      await waitFor(() => outcomes.length === 4 + 21 + 3, "the capped channel's");
+      expect(outcomes.slice(-4).sort()).toEqual(["capped-bad:invalid_argument", "capped0", "capped1", "capped2"]);
+      expect(p.stats().channels.find((c) => c.channel === "capped.a")?.published).toBe(3);
+    } finally {
+      await p.close();
+    }
+  });
+
   test("publishing after close is refused", async () => {
     const m = await open();
     await m.close();

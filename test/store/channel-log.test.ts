@@ -5,7 +5,7 @@ import { Scratch } from "../../src/bytes.ts";
 import { ChannelLog, type ChannelLogOptions } from "../../src/store/channel-log.ts";
 import { RECORD_HEADER_BYTES, scanRecords } from "../../src/store/record.ts";
 import { createLogger, silentLogger, type Logger } from "../../src/observability/logger.ts";
-import { tmpDir } from "../helpers.ts";
+import { tmpDir, waitFor } from "../helpers.ts";
 
 const opts = (o: Partial<ChannelLogOptions> = {}): ChannelLogOptions => ({
   segmentBytes: 64 * 1024 * 1024,
@@ -186,6 +186,42 @@ describe("ChannelLog", () => {
     expect(all.map((r) => r.seq)).toEqual(Array.from({ length: 302 }, (_, i) => i + 1));
     expect(all[150]!.text).toBe(`record-150${"x".repeat(20)}`);
     await log.close();
+  });
+
+  test("enqueue: entries settled by method calls, in one commit with the appends of their turn, in order; a refusal comes before it returns", async () => {
+    for (const sync of ["none", "always"] as const) {
+      const dir = join(tmpDir(), sync);
+      let fsyncs = 0;
+      const log = await ChannelLog.open("c", dir, opts({ sync, preallocateBytes: 0, onFsync: () => fsyncs++ }), { create: true });
+      await log.append(bodyOf(0));
+      const before = fsyncs;
+      const settled: string[] = [];
+      const entry = (i: number, body = bodyOf(i)) => ({
+        body,
+        at: performance.now(),
+        resolve: (seq: number) => void settled.push(`${i}:${seq}`),
+        reject: (err: unknown) => void settled.push(`${i}:${(err as { code: string }).code}`),
+      });
+      // A window: entries and an append of the same turn share one write (and one fdatasync).
+      for (let i = 1; i <= 5; i++) log.enqueue(entry(i));
+      const appended = log.append(bodyOf(6));
+      log.enqueue(entry(7));
+      // Not settled within the call: queued for the turn's commit.
+      expect(settled).toEqual([]);
+      expect(await appended).toBe(7);
+      await waitFor(() => settled.length === 6, "every entry settled");
+      expect(settled).toEqual(["1:2", "2:3", "3:4", "4:5", "5:6", "7:8"]);
+      if (sync === "always") expect(fsyncs - before).toBe(1);
+      // A body the log refuses is refused through `reject`, before the call returns; nothing stored.
+      log.enqueue(entry(9, new Uint8Array(0)));
+      expect(settled.at(-1)).toBe("9:too_large");
+      await log.close();
+      log.enqueue(entry(10));
+      expect(settled.at(-1)).toBe("10:closed");
+      const re = await ChannelLog.open("c", dir, opts({ sync }));
+      expect((await readAll(re)).map((r) => r.text)).toEqual(Array.from({ length: 8 }, (_, i) => `record-${i}`));
+      await re.close();
+    }
   });
 
   test("sync none and interval acknowledge after write; interval still fsyncs on its timer", async () => {

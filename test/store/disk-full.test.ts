@@ -127,6 +127,59 @@ describe.skipIf(skipReason !== null)("disk full", () => {
     }
   });
 
+  test("over MQTT 5, windows of publishes in one read: PUBACKs in order, 0x97 from the first one refused on, nothing partial stored, success again after space is freed", async () => {
+    rmSync(join(mnt, "data"), { recursive: true, force: true });
+    const dir = join(mnt, "mqtt-window");
+    mkdirSync(dir);
+    const filler = join(mnt, "filler-mqtt-window");
+    writeFileSync(filler, new Uint8Array(1024 * 1024));
+    const a = await startTestAgent({ storage: { segment_bytes: "256KiB" }, mqtt: { listen: "127.0.0.1:0" } }, undefined, dir);
+    try {
+      const acks: { id: number; reason: number }[] = [];
+      const parser = mqttPacket.parser({ protocolVersion: 5 });
+      let connacked = false;
+      parser.on("packet", (p) => {
+        if (p.cmd === "connack") connacked = true;
+        if (p.cmd === "puback") acks.push({ id: p.messageId!, reason: (p as { reasonCode?: number }).reasonCode ?? 0 });
+      });
+      const write = (b: Uint8Array) => (parser.parse(Buffer.from(b)), true);
+      const wire = { write, writeNow: write, writable: () => Promise.resolve(), behind: () => false, end() {} };
+      const s = new MqttSession(a.agent.mqtt!, wire);
+      s.data(mqttPacket.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 5, clean: true, clientId: "full-window", keepalive: 0 } as mqttPacket.Packet, { protocolVersion: 5 }));
+      await waitFor(() => connacked, "CONNACK");
+      const publish = (id: number, payload: Buffer) =>
+        mqttPacket.generate({ cmd: "publish", topic: "fullw", payload, qos: 1, messageId: id, retain: false, dup: false } as mqttPacket.Packet, { protocolVersion: 5 });
+      const payload = Buffer.alloc(8000, 0x7a);
+      const WINDOW = 8;
+      let id = 0;
+      while (id < 1000 && acks.every((x) => x.reason === 0)) {
+        // A client's window: several publishes in one read, stored together and acknowledged in order.
+        const window = Array.from({ length: WINDOW }, () => publish(++id, payload));
+        s.data(Buffer.concat(window));
+        await waitFor(() => acks.length === id, `PUBACKs up to ${id}`);
+      }
+      expect(acks.map((x) => x.id)).toEqual(Array.from({ length: id }, (_, i) => i + 1));
+      const ok = acks.findIndex((x) => x.reason !== 0);
+      expect(ok).toBeGreaterThan(10);
+      // From the first refused on, every one of the window is refused: nothing stored after a gap.
+      expect(acks.slice(ok).every((x) => x.reason === 0x97)).toBe(true);
+      const pulled = (await (await a.call("GET", "/v1/channels/fullw/messages?subscriber=r&from=earliest&max=10000")).json()) as any;
+      expect(pulled.messages.length).toBe(ok);
+      rmSync(filler);
+      const after = Array.from({ length: WINDOW }, (_, i) => publish(2000 + i, Buffer.from(`after ${i}`)));
+      s.data(Buffer.concat(after));
+      await waitFor(() => acks.length === id + WINDOW, "the window after space was freed");
+      expect(acks.slice(id)).toEqual(Array.from({ length: WINDOW }, (_, i) => ({ id: 2000 + i, reason: 0 })));
+      const all = (await (await a.call("GET", "/v1/channels/fullw/messages?subscriber=r2&from=earliest&max=10000")).json()) as any;
+      expect(all.messages.length).toBe(ok + WINDOW);
+      expect(all.messages.map((m: { seq: number }) => m.seq)).toEqual(Array.from({ length: ok + WINDOW }, (_, i) => i + 1));
+      s.socketClosed();
+    } finally {
+      await a.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   test("over HTTP: 507 disk_full, reads keep working, 201 again after space is freed", async () => {
     rmSync(join(mnt, "data"), { recursive: true, force: true }); // the first test's log
     const dir = join(mnt, "http");
