@@ -361,15 +361,31 @@ export class Messenger {
     for (const e of entries) if (isInbox(e.channel)) throw new InvalidArgumentError(`a reply (to ${e.channel}) is sent on its own, not in a batch`);
     const encoded = entries.map((e) => this.encode(e.channel, e.type, e.payload, e.opts));
     const t0 = performance.now();
-    const logs = await Promise.all(entries.map((e) => this.logFor(e.channel)));
+    // Each channel's entries, in entry order: one group commit and one promise per channel.
+    const byChannel = new Map<string, number[]>();
+    for (let i = 0; i < entries.length; i++) {
+      const at = byChannel.get(entries[i]!.channel);
+      if (at) at.push(i);
+      else byChannel.set(entries[i]!.channel, [i]);
+    }
+    const opened = [...byChannel.keys()].map((c) => this.logFor(c));
+    const logs = opened.some((o) => o instanceof Promise) ? await Promise.all(opened) : (opened as ChannelLog[]);
+    const groups = [...byChannel.values()].map((at, k) => ({ log: logs[k]!, at }));
     if (!this.policies.empty) {
       // A batch is stored whole or not at all: room for every entry of a channel is made, or refused, first.
-      const need = new Map<ChannelLog, number>();
-      for (let i = 0; i < encoded.length; i++) need.set(logs[i]!, (need.get(logs[i]!) ?? 0) + encoded[i]!.body.length);
-      for (const [log, bytes] of need) await this.roomFor(log, bytes);
+      for (const g of groups)
+        await this.roomFor(
+          g.log,
+          g.at.reduce((n, i) => n + encoded[i]!.body.length, 0),
+        );
     }
-    const seqs = await Promise.all(encoded.map((e, i) => logs[i]!.append(e.body)));
-    if (!this.policies.empty) for (const log of new Set(logs)) this.trimIfOver(log);
+    const stored = await Promise.all(groups.map((g) => g.log.appendMany(g.at.map((i) => encoded[i]!.body))));
+    const seqs = new Array<number>(entries.length);
+    for (let k = 0; k < groups.length; k++) {
+      const { at } = groups[k]!;
+      for (let j = 0; j < at.length; j++) seqs[at[j]!] = stored[k]![j]!;
+    }
+    if (!this.policies.empty) for (const g of groups) this.trimIfOver(g.log);
     const dt = performance.now() - t0;
     return encoded.map((e, i) => {
       this.publishLatency.record(dt);

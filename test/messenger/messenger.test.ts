@@ -71,6 +71,17 @@ describe("publish", () => {
       ["a", 2],
     ]);
     expect(m.stats().latency.fsync.count).toBeLessThanOrEqual(2 + 2); // one per channel, plus channel creation slack
+    // Interleaved channels, both open: each result is its own entry's, seqs consecutive per channel, one commit each.
+    const before = m.stats().latency.fsync.count;
+    const mixed = Array.from({ length: 9 }, (_, i) => ({ channel: i % 3 === 0 ? "b" : "a", type: "t", payload: 10 + i }));
+    const rm = await m.publishBatch(mixed);
+    expect(rm.map((r) => [r.channel, r.seq])).toEqual(mixed.map((e, i) => [e.channel, e.channel === "b" ? 2 + i / 3 : 3 + i - Math.ceil(i / 3)]));
+    expect(m.stats().latency.fsync.count - before).toBe(2);
+    const got: Message[] = [];
+    await m.subscribe("a", "r", (msg) => void got.push(msg), { from: "earliest" });
+    await waitFor(() => got.length === 8, "channel a");
+    expect(got.map((g) => [g.seq, g.payload])).toEqual([[1, 1], [2, 3], ...mixed.flatMap((e, i) => (e.channel === "a" ? [[3 + i - Math.ceil(i / 3), e.payload]] : []))]);
+    expect(rm.filter((r) => r.channel === "a").map((r) => r.seq)).toEqual([3, 4, 5, 6, 7, 8]);
     await m.close();
   });
 
