@@ -15,6 +15,23 @@ function mountTmpfs(dir: string): string | null {
   return r.exitCode === 0 ? null : `mount failed: ${r.stderr.toString().trim() || `exit ${r.exitCode}`}`;
 }
 
+/** An MQTT 5 session of the agent's listener, wired to a parser that collects its PUBACKs, after its CONNACK. */
+async function mqtt5Session(a: Awaited<ReturnType<typeof startTestAgent>>, clientId: string): Promise<{ s: MqttSession; acks: { id: number; reason: number }[] }> {
+  const acks: { id: number; reason: number }[] = [];
+  const parser = mqttPacket.parser({ protocolVersion: 5 });
+  let connacked = false;
+  parser.on("packet", (p) => {
+    if (p.cmd === "connack") connacked = true;
+    if (p.cmd === "puback") acks.push({ id: p.messageId!, reason: (p as { reasonCode?: number }).reasonCode ?? 0 });
+  });
+  const write = (b: Uint8Array) => (parser.parse(Buffer.from(b)), true);
+  const wire = { write, writeNow: write, writable: () => Promise.resolve(), behind: () => false, end() {} };
+  const s = new MqttSession(a.agent.mqtt!, wire);
+  s.data(mqttPacket.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 5, clean: true, clientId, keepalive: 0 } as mqttPacket.Packet, { protocolVersion: 5 }));
+  await waitFor(() => connacked, "CONNACK");
+  return { s, acks };
+}
+
 // Not a tmpDir(): the mount must be gone before the directory is removed.
 const mnt = mkdtempSync(join(tmpdir(), "keyop-tmpfs-"));
 const skipReason = process.platform !== "linux" ? "not Linux" : mountTmpfs(mnt);
@@ -87,18 +104,7 @@ describe.skipIf(skipReason !== null)("disk full", () => {
     writeFileSync(filler, new Uint8Array(1024 * 1024));
     const a = await startTestAgent({ storage: { segment_bytes: "256KiB" }, mqtt: { listen: "127.0.0.1:0" } }, undefined, dir);
     try {
-      const acks: { id: number; reason: number }[] = [];
-      const parser = mqttPacket.parser({ protocolVersion: 5 });
-      let connacked = false;
-      parser.on("packet", (p) => {
-        if (p.cmd === "connack") connacked = true;
-        if (p.cmd === "puback") acks.push({ id: p.messageId!, reason: (p as { reasonCode?: number }).reasonCode ?? 0 });
-      });
-      const write = (b: Uint8Array) => (parser.parse(Buffer.from(b)), true);
-      const wire = { write, writeNow: write, writable: () => Promise.resolve(), behind: () => false, end() {} };
-      const s = new MqttSession(a.agent.mqtt!, wire);
-      s.data(mqttPacket.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 5, clean: true, clientId: "full", keepalive: 0 } as mqttPacket.Packet, { protocolVersion: 5 }));
-      await waitFor(() => connacked, "CONNACK");
+      const { s, acks } = await mqtt5Session(a, "full");
       const payload = Buffer.alloc(8000, 0x7a);
       let ok = 0;
       for (let id = 1; id <= 1000; id++) {
@@ -135,18 +141,7 @@ describe.skipIf(skipReason !== null)("disk full", () => {
     writeFileSync(filler, new Uint8Array(1024 * 1024));
     const a = await startTestAgent({ storage: { segment_bytes: "256KiB" }, mqtt: { listen: "127.0.0.1:0" } }, undefined, dir);
     try {
-      const acks: { id: number; reason: number }[] = [];
-      const parser = mqttPacket.parser({ protocolVersion: 5 });
-      let connacked = false;
-      parser.on("packet", (p) => {
-        if (p.cmd === "connack") connacked = true;
-        if (p.cmd === "puback") acks.push({ id: p.messageId!, reason: (p as { reasonCode?: number }).reasonCode ?? 0 });
-      });
-      const write = (b: Uint8Array) => (parser.parse(Buffer.from(b)), true);
-      const wire = { write, writeNow: write, writable: () => Promise.resolve(), behind: () => false, end() {} };
-      const s = new MqttSession(a.agent.mqtt!, wire);
-      s.data(mqttPacket.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 5, clean: true, clientId: "full-window", keepalive: 0 } as mqttPacket.Packet, { protocolVersion: 5 }));
-      await waitFor(() => connacked, "CONNACK");
+      const { s, acks } = await mqtt5Session(a, "full-window");
       const publish = (id: number, payload: Buffer) =>
         mqttPacket.generate({ cmd: "publish", topic: "fullw", payload, qos: 1, messageId: id, retain: false, dup: false } as mqttPacket.Packet, { protocolVersion: 5 });
       const payload = Buffer.alloc(8000, 0x7a);
