@@ -4,7 +4,8 @@
  * on loopback with its config from bench/configs/. Installs what is missing
  * (Debian mosquitto and nats-server), stops everything it started, prints a
  * table, writes bench/results/<date>-compare.json and one SVG chart per
- * workload. `--quick` shortens every workload.
+ * workload. `--quick` shortens every workload; `--warm-secs=N` sets how long
+ * each steady-rate step runs at its rate before it measures (default 20).
  *
  * Durability as measured: keyop `sync: always` (fdatasync before the ack)
  * and `sync: none`; Mosquitto QoS 1 with persistence on (a periodic
@@ -669,7 +670,7 @@ async function steadyRate(): Promise<void> {
     servers,
     rates: [100, 1000],
     warmMessages: quick ? 3000 : 60_000,
-    warmSecs: quick ? 1 : 20,
+    warmSecs: quick ? 1 : Number(process.argv.find((a) => a.startsWith("--warm-secs="))?.slice(12) ?? 20),
     secs: quick ? 3 : 10,
     idleSecs: quick ? 5 : 20,
     settleSecs: quick ? 10 : 40,
