@@ -4,7 +4,7 @@
  * the same mistake gets the same error, whichever path it came in by.
  */
 import { InvalidArgumentError, ReservedChannelError, TooLargeError } from "../errors.ts";
-import { assertLabel, encodeEnvelope, type MessageMeta } from "./envelope.ts";
+import { assertLabel, encodeNewEnvelope, type MessageMeta } from "./envelope.ts";
 import { assertChannel, isDeadLetter } from "./names.ts";
 import { scanEnvelope } from "./scan.ts";
 import { Utf8Bytes } from "./utf8-bytes.ts";
@@ -45,27 +45,65 @@ export function buildEnvelope(origin: string, m: NewMessage, maxBytes: number): 
  * included: what a messenger itself stores when a handler gives up.
  */
 export function buildOnCheckedChannel(origin: string, m: NewMessage, maxBytes: number): BuiltEnvelope {
-  assertLabel(m.type, "type");
-  if (m.correlationId !== undefined) assertLabel(m.correlationId, "correlation id");
-  if (m.serviceName !== undefined) assertLabel(m.serviceName, "service name");
-  if (m.meta) assertMeta(m.meta);
   const id = Bun.randomUUIDv7();
   const ts = Date.now();
+  return { body: bodyOnCheckedChannel(origin, id, ts, m.channel, m.type, m.payload, m.correlationId, m.serviceName, m.meta, maxBytes), id, ts };
+}
+
+/**
+ * `buildEnvelope`'s body, from the message's parts and with the `id` and
+ * `ts` the caller made: for a publisher that keeps no `NewMessage`, and
+ * needs no `BuiltEnvelope`, per message (an MQTT client's publishes; each
+ * object a message leaves costs more at a board's rate than its making).
+ */
+export function buildBody(
+  origin: string,
+  id: string,
+  ts: number,
+  channel: string,
+  type: string,
+  payload: unknown,
+  correlationId: string | undefined,
+  serviceName: string | undefined,
+  meta: MessageMeta | undefined,
+  maxBytes: number,
+): Uint8Array {
+  assertChannel(channel);
+  if (isDeadLetter(channel)) throw new ReservedChannelError(channel);
+  return bodyOnCheckedChannel(origin, id, ts, channel, type, payload, correlationId, serviceName, meta, maxBytes);
+}
+
+function bodyOnCheckedChannel(
+  origin: string,
+  id: string,
+  ts: number,
+  channel: string,
+  type: string,
+  payload: unknown,
+  correlationId: string | undefined,
+  serviceName: string | undefined,
+  meta: MessageMeta | undefined,
+  maxBytes: number,
+): Uint8Array {
+  assertLabel(type, "type");
+  if (correlationId !== undefined) assertLabel(correlationId, "correlation id");
+  if (serviceName !== undefined) assertLabel(serviceName, "service name");
+  if (meta) assertMeta(meta);
   let body: Uint8Array;
   try {
-    body = encodeEnvelope({ id, ts, channel: m.channel, origin, type: m.type, correlationId: m.correlationId, serviceName: m.serviceName, route: [origin], payload: m.payload }, m.meta);
+    body = encodeNewEnvelope(id, ts, channel, origin, type, correlationId, serviceName, meta, payload);
   } catch (err) {
     throw new InvalidArgumentError(`payload cannot be encoded as msgpack: ${err instanceof Error ? err.message : String(err)}`);
   }
   if (body.length > maxBytes) throw new TooLargeError(`message of ${body.length} bytes exceeds the limit of ${maxBytes}`);
   // Text and bytes cannot nest or hold extensions, and the metadata was checked: nothing to find.
-  if (typeof m.payload === "string" || m.payload instanceof Uint8Array || m.payload instanceof Utf8Bytes) return { body, id, ts };
+  if (typeof payload === "string" || payload instanceof Uint8Array || payload instanceof Utf8Bytes) return body;
   try {
     scanEnvelope(body);
   } catch (err) {
     throw new InvalidArgumentError(`payload cannot be forwarded: ${err instanceof Error ? err.message : String(err)}`);
   }
-  return { body, id, ts };
+  return body;
 }
 
 /** Longest metadata string (MQTT's own limit for a string property). */

@@ -126,6 +126,28 @@ export function encodeEnvelope(f: EnvelopeFields & { v?: number }, meta?: Messag
 }
 
 /**
+ * `encodeEnvelope` of a new message: version `ENVELOPE_VERSION`, route
+ * `[origin]`, the metadata from `meta`; from the fields one by one, with no
+ * object built for them on the way.
+ */
+export function encodeNewEnvelope(
+  id: string,
+  ts: number,
+  channel: string,
+  origin: string,
+  type: string,
+  correlationId: string | undefined,
+  serviceName: string | undefined,
+  meta: MessageMeta | undefined,
+  payload: unknown,
+): Uint8Array {
+  return (
+    writer.writeNew(ENVELOPE_VERSION, id, ts, channel, origin, type, correlationId, serviceName, meta, payload) ??
+    encodeEnvelope({ id, ts, channel, origin, type, correlationId, serviceName, route: [origin], payload }, meta)
+  );
+}
+
+/**
  * Decodes a stored body and adds the `seq` from its record header. Throws on
  * bytes that are not an envelope; callers only pass CRC-checked records.
  */

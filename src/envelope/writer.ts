@@ -49,6 +49,9 @@ const K = {
   payload: key("payload"),
 };
 
+/** A new message's metadata when it has none. */
+const NO_META: Fields = Object.freeze({});
+
 /** UTF-16 length of a string field (0 for anything else, which the writer then refuses). */
 const slen = (s: unknown): number => (typeof s === "string" ? s.length : 0);
 
@@ -74,10 +77,45 @@ export class EnvelopeWriter {
    */
   write(fields: object, v: number, meta?: object): Uint8Array | null {
     const f = fields as Fields;
-    const m = (meta ?? fields) as Fields;
-    const p = f.payload;
+    return this.body(v, f.id, f.ts, f.channel, f.origin, f.type, f.correlationId, f.serviceName, (meta ?? fields) as Fields, f.route, f.payload);
+  }
+
+  /**
+   * `write` for a new message of `origin` (the route is `[origin]`), from
+   * its fields one by one: a publish builds neither the fields' object nor
+   * the route's array, which were two of the few objects a message leaves.
+   */
+  writeNew(
+    v: number,
+    id: string,
+    ts: number,
+    channel: string,
+    origin: string,
+    type: string,
+    correlationId: string | undefined,
+    serviceName: string | undefined,
+    meta: object | undefined,
+    payload: unknown,
+  ): Uint8Array | null {
+    return this.body(v, id, ts, channel, origin, type, correlationId, serviceName, (meta ?? NO_META) as Fields, null, payload);
+  }
+
+  /** The body; `route` null: a new message's, `[origin]`. */
+  private body(
+    v: number,
+    id: unknown,
+    ts: unknown,
+    channel: unknown,
+    origin: unknown,
+    type: unknown,
+    correlationId: unknown,
+    serviceName: unknown,
+    m: Fields,
+    route: unknown,
+    p: unknown,
+  ): Uint8Array | null {
     let packed: Uint8Array | null = null;
-    let need = 64 + 3 * (slen(f.id) + slen(f.channel) + slen(f.origin) + slen(f.type));
+    let need = 64 + 3 * (slen(id) + slen(channel) + slen(origin) + slen(type));
     if (typeof p === "string") need += 3 * p.length;
     else if (p instanceof Uint8Array) need += p.length;
     else if (p instanceof Utf8Bytes) need += p.bytes.length;
@@ -85,13 +123,14 @@ export class EnvelopeWriter {
       packed = this.packValue(p);
       need += packed.length;
     }
-    need += 3 * (slen(f.correlationId) + slen(f.serviceName));
-    if (!Array.isArray(f.route)) return null;
-    for (const r of f.route) need += 5 + 3 * slen(r);
+    need += 3 * (slen(correlationId) + slen(serviceName));
+    if (route === null) need += 5 + 3 * slen(origin);
+    else if (!Array.isArray(route)) return null;
+    else for (const r of route) need += 5 + 3 * slen(r);
     if (need > SCRATCH_BYTES / 2) return null;
     let entries = 8;
-    if (f.correlationId !== undefined) entries++;
-    if (f.serviceName !== undefined) entries++;
+    if (correlationId !== undefined) entries++;
+    if (serviceName !== undefined) entries++;
     if (m.expires !== undefined) entries++;
     if (m.contentType !== undefined) entries++;
     if (m.replyTo !== undefined) entries++;
@@ -109,17 +148,17 @@ export class EnvelopeWriter {
     this.raw(K.v);
     this.num(v);
     this.raw(K.id);
-    if (!this.str(f.id)) return null;
+    if (!this.str(id)) return null;
     this.raw(K.ts);
-    if (!this.num(f.ts)) return null;
+    if (!this.num(ts)) return null;
     this.raw(K.channel);
-    if (!this.str(f.channel)) return null;
+    if (!this.str(channel)) return null;
     this.raw(K.origin);
-    if (!this.str(f.origin)) return null;
+    if (!this.str(origin)) return null;
     this.raw(K.type);
-    if (!this.str(f.type)) return null;
-    if (f.correlationId !== undefined && !(this.raw(K.correlationId) && this.str(f.correlationId))) return null;
-    if (f.serviceName !== undefined && !(this.raw(K.serviceName) && this.str(f.serviceName))) return null;
+    if (!this.str(type)) return null;
+    if (correlationId !== undefined && !(this.raw(K.correlationId) && this.str(correlationId))) return null;
+    if (serviceName !== undefined && !(this.raw(K.serviceName) && this.str(serviceName))) return null;
     if (m.expires !== undefined && !(this.raw(K.expires) && this.num(m.expires))) return null;
     if (m.contentType !== undefined && !(this.raw(K.contentType) && this.small(m.contentType))) return null;
     if (m.replyTo !== undefined && !(this.raw(K.replyTo) && this.small(m.replyTo))) return null;
@@ -130,7 +169,10 @@ export class EnvelopeWriter {
     if (m.publisher !== undefined && !(this.raw(K.publisher) && this.small(m.publisher))) return null;
     if (m.qos !== undefined && !(this.raw(K.qos) && this.num(m.qos))) return null;
     this.raw(K.route);
-    if (!this.strings(f.route)) return null;
+    if (route === null) {
+      this.arrayHeader(1);
+      this.str(origin);
+    } else if (!this.strings(route)) return null;
     this.raw(K.payload);
     if (typeof p === "string") this.str(p);
     else if (p instanceof Uint8Array) this.bin(p);

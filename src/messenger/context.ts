@@ -40,9 +40,19 @@ export function labelledMessage(
   defaultServiceName: string | undefined,
 ): NewMessage {
   const ctx = storage.getStore();
-  const m: NewMessage = { channel, type, payload, correlationId: opts?.correlationId ?? ctx?.correlationId, serviceName: opts?.serviceName ?? ctx?.serviceName ?? defaultServiceName };
+  const m: NewMessage = { channel, type, payload, correlationId: correlationIdOf(opts, ctx), serviceName: serviceNameOf(opts, ctx, defaultServiceName) };
   if (opts?.meta) m.meta = opts.meta;
   return m;
+}
+
+/** The correlation id a publish carries: its own, else the context's. */
+export function correlationIdOf(opts: PublishContext | undefined, ctx: PublishContext | undefined): string | undefined {
+  return opts?.correlationId ?? ctx?.correlationId;
+}
+
+/** The service name a publish carries: its own, else the context's, else the publisher's default. */
+export function serviceNameOf(opts: PublishContext | undefined, ctx: PublishContext | undefined, defaultServiceName: string | undefined): string | undefined {
+  return opts?.serviceName ?? ctx?.serviceName ?? defaultServiceName;
 }
 
 /** The context in force here, if any. */

@@ -6,7 +6,7 @@
  * cursors that see every message at least once, in order per channel.
  */
 import { assertLabel, decodeEnvelope, encodeEnvelope, type EnvelopeFields, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
-import { buildEnvelope, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
+import { buildBody, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
 import { BufferFullError, ClosedError, ConflictError, InvalidArgumentError, KeyopError, NoRequestError, NoRespondersError, RouteDownError, TooLargeError } from "../errors.ts";
 import { Inboxes, isInbox, newInbox } from "./inbox.ts";
@@ -18,7 +18,7 @@ import { CursorStore, cursorKey, type StartFrom } from "../store/cursor-store.ts
 import { LogStore } from "../store/log-store.ts";
 import { join } from "node:path";
 import { resolveConfig, type MessengerConfig, type ResolvedConfig } from "./config.ts";
-import { currentContext, labelledMessage } from "./context.ts";
+import { correlationIdOf, currentContext, labelledMessage, serviceNameOf } from "./context.ts";
 import { Subscription, type Handler, type SubscribeOptions, type SubscriptionHost } from "./subscription.ts";
 import { DurableSubscriber, type DurableSubscriberHost } from "./durable-subscriber.ts";
 import { type QueueGroupStats, QueueGroups } from "./queue-group.ts";
@@ -277,7 +277,9 @@ export class Messenger {
    */
   async publish(channel: string, type: string, payload: unknown, opts?: PublishOptions): Promise<PublishResult> {
     if (isInbox(channel)) return this.deliverReply(channel, type, payload, opts);
-    const { body, id, ts } = this.encode(channel, type, payload, opts);
+    const id = Bun.randomUUIDv7();
+    const ts = Date.now();
+    const body = this.encodeBody(channel, type, payload, opts, id, ts);
     const t0 = performance.now();
     const open = this.logFor(channel);
     // (An open channel's log is at hand: no extra turn through a resolved promise.)
@@ -302,7 +304,9 @@ export class Messenger {
     if (!this.policies.empty || isInbox(channel)) return this.publish(channel, type, payload, opts);
     const log = this.logFor(channel);
     if (log instanceof Promise) return this.publish(channel, type, payload, opts);
-    const { body, id, ts } = this.encode(channel, type, payload, opts);
+    const id = Bun.randomUUIDv7();
+    const ts = Date.now();
+    const body = this.encodeBody(channel, type, payload, opts, id, ts);
     const t0 = performance.now();
     const seq = log.appendNow(body);
     if (typeof seq !== "number") return this.publishedLater(seq, channel, id, ts, t0);
@@ -325,7 +329,7 @@ export class Messenger {
     if (log === undefined) return this.publishThen(channel, type, payload, opts, waiter);
     let body: Uint8Array;
     try {
-      body = this.encode(channel, type, payload, opts).body;
+      body = this.encodeBody(channel, type, payload, opts, Bun.randomUUIDv7(), Date.now());
     } catch (err) {
       return waiter.publishSettled(err);
     }
@@ -649,13 +653,24 @@ export class Messenger {
   }
 
   private encode(channel: string, type: string, payload: unknown, opts?: PublishOptions): BuiltEnvelope {
+    const id = Bun.randomUUIDv7();
+    const ts = Date.now();
+    return { body: this.encodeBody(channel, type, payload, opts, id, ts), id, ts };
+  }
+
+  /** The stored body of a new message with `id` and `ts`: checked, labelled, with its TTL. */
+  private encodeBody(channel: string, type: string, payload: unknown, opts: PublishOptions | undefined, id: string, ts: number): Uint8Array {
     if (this.state !== "open") throw new ClosedError();
     const ttl = opts?.ttlMs ?? (this.policies.empty ? undefined : this.policies.of(channel).ttlMs);
-    if (ttl !== undefined && opts?.meta?.expires === undefined) {
+    let meta = opts?.meta;
+    if (ttl !== undefined && meta?.expires === undefined) {
       if (!(Number.isSafeInteger(ttl) && ttl > 0)) throw new InvalidArgumentError("ttl must be a positive integer of milliseconds");
-      opts = { ...opts, meta: { ...opts?.meta, expires: Date.now() + ttl } };
+      meta = { ...meta, expires: Date.now() + ttl };
     }
-    return buildEnvelope(this.name, labelledMessage(channel, type, payload, opts, this.cfg.serviceName), this.cfg.maxMessageBytes);
+    const ctx = currentContext();
+    const correlationId = correlationIdOf(opts, ctx);
+    const serviceName = serviceNameOf(opts, ctx, this.cfg.serviceName);
+    return buildBody(this.name, id, ts, channel, type, payload, correlationId, serviceName, meta, this.cfg.maxMessageBytes);
   }
 
   private logFor(channel: string): ChannelLog | Promise<ChannelLog> {

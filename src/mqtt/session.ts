@@ -10,7 +10,7 @@ import mqtt from "mqtt-packet";
 import type { IConnectPacket, ISubscribePacket, IUnsubscribePacket, Packet } from "mqtt-packet";
 import { decodeEnvelope, type MessageMeta } from "../envelope/envelope.ts";
 import { publisherIs, utf8Bytes } from "../envelope/scan.ts";
-import type { Messenger } from "../messenger/messenger.ts";
+import type { Messenger, PublishOptions } from "../messenger/messenger.ts";
 import type { StoredEnvelope } from "../messenger/durable-subscriber.ts";
 import type { PublishWaiter } from "../messenger/queued-publish.ts";
 import { Window } from "../messenger/window.ts";
@@ -125,7 +125,6 @@ const NO_BYTES = new Uint8Array(0);
 /** Topic aliases a client may set (MQTT 5 CONNACK Topic Alias Maximum). */
 const TOPIC_ALIAS_MAX = 64;
 
-/** A publish waiting for its write to be durable before its acknowledgement. */
 /** A publish waiting for its acknowledgement, in the order publishes came; the messenger tells it how its store came out. */
 class PendingAck implements PublishWaiter {
   done = false;
@@ -142,7 +141,6 @@ class PendingAck implements PublishWaiter {
   }
 }
 
-/** An MQTT client connection and its session state. */
 /** `$share/<group>/<filter>` split, or null for a filter that is not a shared subscription's; throws when malformed. */
 export function sharedFilter(filter: string): { group: string; filter: string } | null {
   if (!filter.startsWith("$share/")) return null;
@@ -153,6 +151,7 @@ export function sharedFilter(filter: string): { group: string; filter: string } 
   return { group, filter: rest.slice(slash + 1) };
 }
 
+/** An MQTT client connection and its session state. */
 export class MqttSession implements SharedMember {
   readonly host: SessionHost;
   private readonly wire: Wire;
@@ -638,6 +637,27 @@ export class MqttSession implements SharedMember {
     return meta;
   }
 
+  /**
+   * The options a publish of this client is stored with. A publish with no
+   * properties and no retain flag (nearly all of them) has the same
+   * metadata as the last of its QoS: one object per QoS, made once and
+   * shared, never changed by anyone (the messenger copies before it adds).
+   */
+  private optionsOf(props: PublishProperties | undefined, qos: number, retain: boolean): PublishOptions {
+    if (props === undefined && !retain) {
+      let o = this.plainOptions[qos];
+      if (o === undefined) {
+        o = { meta: this.storedMeta(undefined, qos, false, 0) };
+        this.plainOptions[qos] = o;
+      }
+      return o;
+    }
+    return { meta: this.storedMeta(props, qos, retain, Date.now()) };
+  }
+
+  /** `optionsOf` a publish with no properties, by QoS. */
+  private readonly plainOptions: (PublishOptions | undefined)[] = [undefined, undefined, undefined];
+
   private publish(p: Publish): void {
     const qos = p.qos ?? 0;
     const id = p.messageId;
@@ -654,10 +674,10 @@ export class MqttSession implements SharedMember {
       } else this.aliases.set(alias, topic);
     }
     let channel: string;
-    let meta: MessageMeta;
+    let opts: PublishOptions;
     try {
       channel = this.channelOf(topic);
-      meta = this.storedMeta(props, qos, p.retain === true, Date.now());
+      opts = this.optionsOf(props, qos, p.retain === true);
     } catch (err) {
       // v5 can say why in the ack; 3.1.1 has no way but to close.
       if (this.version === 5 && qos > 0) return this.send({ cmd: qos === 1 ? "puback" : "pubrec", messageId: id, reasonCode: 0x90 } as Packet);
@@ -689,7 +709,7 @@ export class MqttSession implements SharedMember {
       // Alone in its read with nothing before it unacknowledged: written now, and acknowledged at
       // once when the write is done (a board's publish, one a wake-up).
       try {
-        const r = this.host.messenger.publishNow(channel, this.host.cfg.payloadType, payload, { meta });
+        const r = this.host.messenger.publishNow(channel, this.host.cfg.payloadType, payload, opts);
         if (!(r instanceof Promise)) {
           // Nothing else of this read is coming to join it: the end of the turn would only cost a callback.
           if (qos === 1) this.wire.writeNow(pubackBytes(id!));
@@ -704,10 +724,10 @@ export class MqttSession implements SharedMember {
     this.acks.push(ack);
     if (stored === undefined && qos < 2 && !p.retain) {
       // One of a window: queued for the next group commit, its ack told by a call, no promise.
-      this.host.messenger.publishTo(channel, this.host.cfg.payloadType, payload, { meta }, ack);
+      this.host.messenger.publishTo(channel, this.host.cfg.payloadType, payload, opts, ack);
       return;
     }
-    stored ??= this.host.messenger.publish(channel, this.host.cfg.payloadType, payload, { meta });
+    stored ??= this.host.messenger.publish(channel, this.host.cfg.payloadType, payload, opts);
     if (p.retain) stored = this.retainAfter(stored, channel, p.payload as Buffer, qos, props);
     // A QoS 2 packet id is taken from now until PUBREL (or until its write fails).
     if (qos === 2 && id !== undefined) this.qos2.set(id, stored);

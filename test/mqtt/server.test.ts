@@ -77,6 +77,41 @@ describe("MQTT listener, raw packets", () => {
     c.end();
   });
 
+  test("publishes of every kind in one read from two clients: each stored with its own QoS, retain flag and publisher (the metadata of property-less publishes is shared per QoS)", async () => {
+    const a = await raw();
+    const b = await raw();
+    const kinds: [qos: 0 | 1 | 2, retain: boolean][] = [
+      [1, false],
+      [0, false],
+      [1, true],
+      [1, false],
+      [2, false],
+      [0, false],
+      [1, false],
+      [0, true],
+      [1, false],
+    ];
+    const pubs = (who: string) =>
+      kinds.map(([qos, retain], i): Packet => ({ cmd: "publish", topic: "raw/kinds", payload: Buffer.from(`${who}${i}`), qos, messageId: qos > 0 ? i + 1 : undefined, retain, dup: false }) as Packet);
+    a.send(connect("kinds-a"), ...pubs("a"));
+    b.send(connect("kinds-b"), ...pubs("b"));
+    const acked = (c: typeof a) => c.packets.filter((p) => p.cmd === "puback" || p.cmd === "pubrec").length;
+    const wanted = kinds.filter(([q]) => q > 0).length;
+    await waitFor(() => acked(a) === wanted && acked(b) === wanted, "the PUBACKs and PUBRECs");
+    for (const c of [a, b]) c.send({ cmd: "pubrel", messageId: 5 } as Packet);
+    await waitFor(() => a.packets.some((p) => p.cmd === "pubcomp") && b.packets.some((p) => p.cmd === "pubcomp"), "the PUBCOMPs");
+    const r = await t.call("GET", `/v1/channels/raw.kinds/messages?subscriber=kinds-check&from=earliest&limit=100`);
+    const got = ((await r.json()) as { messages: { payload: string; qos?: number; retain?: boolean; publisher?: string }[] }).messages;
+    expect(got.length).toBe(2 * kinds.length);
+    for (const m of got) {
+      const who = m.payload[0]!;
+      const [qos, retain] = kinds[Number(m.payload.slice(1))]!;
+      expect({ payload: m.payload, qos: m.qos, retain: m.retain ?? false, publisher: m.publisher }).toEqual({ payload: m.payload, qos, retain, publisher: `kinds-${who}` });
+    }
+    a.end();
+    b.end();
+  });
+
   test("one client publishing to more topics than its session remembers, another receiving them: each message on its topic's channel and topic, a bad topic still refused", async () => {
     const sub = await raw();
     sub.send(connect("many-topics-sub"), { cmd: "subscribe", messageId: 1, subscriptions: [{ topic: "raw/many/#", qos: 0 }] } as Packet);
