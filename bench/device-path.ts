@@ -73,7 +73,14 @@ const out = new OutQueue((bytes) => {
   delivered.add(n);
   return bytes.length;
 }, 1 << 20);
-session = new MqttSession(agent.mqtt!, { write: (b) => out.push(b), writeNow: (b) => out.pushNow(b), writable: () => out.writable(), behind: () => out.full, end() {} });
+session = new MqttSession(agent.mqtt!, {
+  write: (b) => out.push(b),
+  writeNow: (b) => out.pushNow(b),
+  writeCopy: (b) => out.pushCopy(b),
+  writable: () => out.writable(),
+  behind: () => out.full,
+  end() {},
+});
 session.data(mqtt.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 4, clean: true, clientId: "bench-sub", keepalive: 0 } as Packet));
 session.data(mqtt.generate({ cmd: "subscribe", messageId: 1, subscriptions: [{ topic: "down/t", qos: 1 }] } as Packet));
 

@@ -44,7 +44,14 @@ const out = new OutQueue((bytes) => {
   acked.add(n / BURST);
   return bytes.length;
 }, 1 << 20);
-const session = new MqttSession(agent.mqtt!, { write: (b) => out.push(b), writeNow: (b) => out.pushNow(b), writable: () => out.writable(), behind: () => out.full, end() {} });
+const session = new MqttSession(agent.mqtt!, {
+  write: (b) => out.push(b),
+  writeNow: (b) => out.pushNow(b),
+  writeCopy: (b) => out.pushCopy(b),
+  writable: () => out.writable(),
+  behind: () => out.full,
+  end() {},
+});
 session.data(mqtt.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 4, clean: true, clientId: "bench", keepalive: 0 } as Packet));
 await Bun.sleep(20);
 

@@ -31,8 +31,8 @@ export interface Frame {
   flags: number;
   /** The variable header and payload. */
   body: Buffer;
-  /** The whole packet, fixed header included. */
-  bytes: Buffer;
+  /** Bytes of the fixed header ahead of `body` (see `frameBytes`). */
+  head: number;
 }
 
 /** Splits a byte stream into whole packets; keeps a partial one until the rest arrives. */
@@ -75,12 +75,20 @@ export class MqttFramer {
       if (len > this.maxPacketBytes) throw new MqttFrameError(`packet of ${len} bytes exceeds mqtt.max_packet_bytes (${this.maxPacketBytes})`, 0x95);
       if (i + len > buf.length) break;
       const first = buf[at]!;
-      frames.push({ type: first >> 4, flags: first & 0x0f, body: buf.subarray(i, i + len), bytes: buf.subarray(at, i + len) });
+      frames.push({ type: first >> 4, flags: first & 0x0f, body: buf.subarray(i, i + len), head: i - at });
       at = i + len;
     }
     if (at < buf.length) this.rest = Buffer.from(buf.subarray(at));
     return frames;
   }
+}
+
+/**
+ * The whole packet of `f`, fixed header included, as a view: made only for
+ * the packets the fast decoder leaves to mqtt-packet, not for every frame.
+ */
+export function frameBytes(f: Frame): Buffer {
+  return Buffer.from(f.body.buffer, f.body.byteOffset - f.head, f.body.length + f.head);
 }
 
 /**

@@ -205,6 +205,7 @@ export class MqttServer implements SessionHost {
       {
         write: (bytes) => out.push(bytes),
         writeNow: (bytes) => out.pushNow(bytes),
+        writeCopy: (bytes) => out.pushCopy(bytes),
         writable: () => out.writable(),
         behind: () => out.full,
         end() {
@@ -376,6 +377,7 @@ export class MqttServer implements SessionHost {
           ws.data.session = new MqttSession(self, {
             write: (bytes) => out.push(bytes),
             writeNow: (bytes) => out.pushNow(bytes),
+            writeCopy: (bytes) => out.pushCopy(bytes),
             writable: () => (ws.getBufferedAmount() <= CLIENT_HIGH_WATER_BYTES ? out.writable() : new Promise<void>((r) => ws.data.waiters.push(r))),
             behind: () => ws.getBufferedAmount() > CLIENT_HIGH_WATER_BYTES || out.full,
             end() {

@@ -15,7 +15,7 @@ import type { StoredEnvelope } from "../messenger/durable-subscriber.ts";
 import type { PublishWaiter } from "../messenger/queued-publish.ts";
 import { Window } from "../messenger/window.ts";
 import { payloadOf, pubackBytes, storedPayload } from "./payload.ts";
-import { decodeFast, encodePublish, type Frame, LastTopic, MqttFramer, MqttFrameError, type Publish, publishSize } from "./codec.ts";
+import { decodeFast, encodePublish, type Frame, frameBytes, LastTopic, MqttFramer, MqttFrameError, type Publish, publishSize } from "./codec.ts";
 import { encodePublishProperties, fromPacketProperties, metaOfPublish, publishPropertiesOf, type PublishProperties } from "./properties.ts";
 import { MqttSubscription, type SentFrom, type SubscriptionOptions } from "./subscription.ts";
 import { type SharedMembership, SharedSubscriptions, type SharedMember } from "./shared.ts";
@@ -61,6 +61,8 @@ export interface Wire {
   write(bytes: Uint8Array): boolean;
   /** Writes bytes now, after anything queued, not at the end of this turn; returns as `write`. */
   writeNow(bytes: Uint8Array): boolean;
+  /** `write` of a copy of a few bytes the caller reuses at once (a PUBACK); returns as `write`. */
+  writeCopy(bytes: Uint8Array): boolean;
   /** Resolves once the client has caught up below the high-water mark. */
   writable(): Promise<void>;
   /** Whether `writable()` would wait now. */
@@ -233,7 +235,7 @@ export class MqttSession implements SharedMember {
         return this.fail((err as Error).message, err instanceof MqttFrameError ? err.reason : 0x81);
       }
       if (p) this.incoming.push(p);
-      else this.parser.parse(f.bytes);
+      else this.parser.parse(frameBytes(f));
       if (this.closed) return;
     }
     // The first group is handled in this turn; only what is left waits for the next.
@@ -803,6 +805,16 @@ export class MqttSession implements SharedMember {
   /** Pending acknowledgements, in the order their publishes came. */
   private readonly acks: PendingAck[] = [];
 
+  /** A PUBACK with success for `id`, in bytes reused by the next call (see `Wire.writeCopy`). */
+  private pubackOf(id: number): Uint8Array {
+    const b = this.pubackScratch;
+    b[2] = (id >> 8) & 0xff;
+    b[3] = id & 0xff;
+    return b;
+  }
+
+  private readonly pubackScratch = pubackBytes(0);
+
   private settle(ack: PendingAck, error: unknown): void {
     ack.done = true;
     ack.error = error;
@@ -819,7 +831,7 @@ export class MqttSession implements SharedMember {
         return this.fail(`publish failed: ${String(a.error)}`);
       }
       // Only now, with the message durable, the acknowledgement.
-      if (a.qos === 1) this.wire.write(pubackBytes(a.id!));
+      if (a.qos === 1) this.wire.writeCopy(this.pubackOf(a.id!));
       else if (a.qos === 2 && a.id !== undefined) {
         this.send({ cmd: "pubrec", messageId: a.id } as Packet);
       }

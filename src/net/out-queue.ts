@@ -15,6 +15,10 @@ export type RawWrite = (bytes: Uint8Array) => number;
 /** Queued chunks smaller than this are joined into one write. */
 const COALESCE_BYTES = 64 * 1024;
 
+/** `pushCopy`'s staging buffer, and the most it copies there (more is queued as a copy of its own). */
+const STAGE_BYTES = 4096;
+const STAGE_COPY_BYTES = 256;
+
 /** A socket's outbound queue with per-turn coalescing and backpressure. */
 export class OutQueue {
   private readonly write: RawWrite;
@@ -27,6 +31,15 @@ export class OutQueue {
   /** The socket took less than offered: nothing more until its drain callback. */
   private blocked = false;
   private closed = false;
+  /**
+   * Copies made by `pushCopy`, one after another: the run from `stageFrom`
+   * to `stageAt` is not queued yet, and goes in as one view when anything
+   * else is queued or the queue is written. Reused from the start once
+   * nothing queued is a view of it.
+   */
+  private stage: Uint8Array | null = null;
+  private stageFrom = 0;
+  private stageAt = 0;
 
   /** `highWater`: queued bytes above which `push` returns false and `writable()` waits. */
   constructor(write: RawWrite, highWater: number) {
@@ -46,13 +59,50 @@ export class OutQueue {
    */
   push(bytes: Uint8Array): boolean {
     if (this.closed) return false;
+    this.sealStage();
     this.out.push(bytes);
     this.outBytes += bytes.length;
+    this.scheduleFlush();
+    return this.outBytes <= this.highWater;
+  }
+
+  /**
+   * `push` of a copy of `bytes`, which the caller may change as soon as this
+   * returns: for the small packets a connection sends many of in a turn (a
+   * window's PUBACKs), which then cost no array each and go out as one run.
+   */
+  pushCopy(bytes: Uint8Array): boolean {
+    if (this.closed) return false;
+    const n = bytes.length;
+    if (n > STAGE_COPY_BYTES) return this.push(bytes.slice());
+    let stage = this.stage;
+    if (stage === null || this.stageAt + n > stage.length) {
+      this.sealStage();
+      stage = new Uint8Array(STAGE_BYTES);
+      this.stage = stage;
+      this.stageFrom = 0;
+      this.stageAt = 0;
+    }
+    let at = this.stageAt;
+    for (let i = 0; i < n; i++) stage[at++] = bytes[i]!;
+    this.stageAt = at;
+    this.outBytes += n;
+    this.scheduleFlush();
+    return this.outBytes <= this.highWater;
+  }
+
+  private scheduleFlush(): void {
     if (!this.scheduled && !this.blocked) {
       this.scheduled = true;
       setImmediate(this.flushSoon);
     }
-    return this.outBytes <= this.highWater;
+  }
+
+  /** Queues the staged run (its bytes were counted when copied). */
+  private sealStage(): void {
+    if (this.stageAt === this.stageFrom) return;
+    this.out.push(this.stage!.subarray(this.stageFrom, this.stageAt));
+    this.stageFrom = this.stageAt;
   }
 
   /**
@@ -63,6 +113,7 @@ export class OutQueue {
    */
   pushNow(bytes: Uint8Array): boolean {
     if (this.closed) return false;
+    this.sealStage();
     if (this.blocked || this.out.length > 0) {
       const below = this.push(bytes);
       if (!this.blocked) this.flush();
@@ -104,6 +155,9 @@ export class OutQueue {
     this.closed = true;
     this.out = [];
     this.outBytes = 0;
+    this.stage = null;
+    this.stageFrom = 0;
+    this.stageAt = 0;
     for (const w of this.waiters.splice(0)) w();
   }
 
@@ -114,6 +168,7 @@ export class OutQueue {
 
   /** Writes queued chunks, small ones joined, until the socket takes no more. */
   private flush(): void {
+    this.sealStage();
     while (this.out.length > 0) {
       let head = this.out[0]!;
       let joined = 1;
@@ -140,6 +195,11 @@ export class OutQueue {
       }
       this.out.splice(0, joined);
       this.outBytes -= head.length;
+    }
+    // Everything went: no view of the staging buffer is left, so it is filled from its start again.
+    if (this.out.length === 0) {
+      this.stageFrom = 0;
+      this.stageAt = 0;
     }
     if (this.outBytes <= this.highWater) for (const w of this.waiters.splice(0)) w();
   }

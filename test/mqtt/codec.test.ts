@@ -6,7 +6,7 @@
  */
 import { describe, expect, test } from "bun:test";
 import mqtt, { type Packet } from "mqtt-packet";
-import { decodeFast, encodePublish, LastTopic, MqttFrameError, MqttFramer, type Publish } from "../../src/mqtt/codec.ts";
+import { decodeFast, encodePublish, frameBytes, LastTopic, MqttFrameError, MqttFramer, type Publish } from "../../src/mqtt/codec.ts";
 import { encodePublishProperties, readPublishProperties } from "../../src/mqtt/properties.ts";
 
 /** mqtt-packet's reading of `bytes` (one whole packet), with the protocol version set. */
@@ -52,7 +52,7 @@ describe("MqttFramer", () => {
       while (at < stream.length) {
         // Cuts of 1 byte (inside a remaining length) up to several packets at once.
         const n = round === 0 ? 1 : 1 + Math.floor(r() * 40_000);
-        for (const f of framer.feed(Buffer.from(stream.subarray(at, at + n)))) got.push(Buffer.from(f.bytes));
+        for (const f of framer.feed(Buffer.from(stream.subarray(at, at + n)))) got.push(Buffer.from(frameBytes(f)));
         at += n;
       }
       expect(got).toEqual(packets);

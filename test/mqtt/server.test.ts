@@ -238,7 +238,7 @@ describe("MQTT listener, raw packets", () => {
   test("packets read in the same turn as the close are still handled: stored, and a DISCONNECT among them drops the will", async () => {
     // The socket's data and close callbacks can come in one turn, before the session's
     // packet pump runs; driven directly, with the agent's listener as the session's host.
-    const wire = { write: () => true, writeNow: () => true, writable: () => Promise.resolve(), behind: () => false, end() {} };
+    const wire = { write: () => true, writeNow: () => true, writeCopy: () => true, writable: () => Promise.resolve(), behind: () => false, end() {} };
     const bytes = (...ps: Packet[]) => Buffer.concat(ps.map((p) => mqtt.generate(p)));
     const pub = (payload: string): Packet => ({ cmd: "publish", topic: "raw/turn", payload: Buffer.from(payload), qos: 1, messageId: 7, retain: false, dup: false }) as Packet;
     const will = { topic: "raw/turn", payload: Buffer.from("will"), qos: 0 as const, retain: false };
@@ -254,7 +254,14 @@ describe("MQTT listener, raw packets", () => {
 
   test("a QoS 1 publish alone in its read is stored and acknowledged before its read's callback returns; publishes read together wait for one shared write and are acknowledged in order", async () => {
     const writes: Uint8Array[] = [];
-    const wire = { write: (b: Uint8Array) => (writes.push(b), true), writeNow: (b: Uint8Array) => (writes.push(b), true), writable: () => Promise.resolve(), behind: () => false, end() {} };
+    const wire = {
+      write: (b: Uint8Array) => (writes.push(b), true),
+      writeNow: (b: Uint8Array) => (writes.push(b), true),
+      writeCopy: (b: Uint8Array) => (writes.push(b.slice()), true),
+      writable: () => Promise.resolve(),
+      behind: () => false,
+      end() {},
+    };
     const bytes = (...ps: Packet[]) => Buffer.concat(ps.map((p) => mqtt.generate(p)));
     const pub = (id: number): Packet => ({ cmd: "publish", topic: "raw/alone", payload: Buffer.from(`m${id}`), qos: 1, messageId: id, retain: false, dup: false }) as Packet;
     const acks = () => writes.filter((w) => w[0] === 0x40).map((w) => (w[2]! << 8) | w[3]!);

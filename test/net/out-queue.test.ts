@@ -72,6 +72,65 @@ describe("OutQueue", () => {
     expect(q.bytes).toBe(0);
   });
 
+  test("pushCopy: copies of a reused buffer go out in order with what push and pushNow queue, unchanged by later reuse, through partial writes and a staging buffer that fills", async () => {
+    const writes: number[][] = [];
+    let room = 1_000_000;
+    const q = new OutQueue((b) => {
+      const n = Math.min(room, b.length);
+      room -= n;
+      writes.push([...b.subarray(0, n)]);
+      return n;
+    }, 1 << 20);
+    const scratch = new Uint8Array(4);
+    const copy = (v: number) => {
+      scratch.fill(v);
+      return q.pushCopy(scratch);
+    };
+    const want: number[] = [];
+    const expectSent = () => expect(writes.flat()).toEqual(want);
+    // Copies of one turn, between queued arrays, then the write at the end of the turn: one write.
+    copy(1);
+    q.push(Uint8Array.of(2, 2));
+    copy(3);
+    copy(4);
+    want.push(1, 1, 1, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4);
+    expect(q.bytes).toBe(want.length);
+    expect(writes).toEqual([]);
+    await new Promise((r) => setImmediate(r));
+    expect(writes).toHaveLength(1);
+    expectSent();
+    // pushNow after copies: the copies first, at once.
+    copy(5);
+    q.pushNow(Uint8Array.of(6));
+    want.push(5, 5, 5, 5, 6);
+    expectSent();
+    // The socket takes part of a run: the rest waits for drained(); copies made meanwhile do not overwrite it.
+    room = 3;
+    for (let v = 7; v < 12; v++) copy(v);
+    for (let v = 7; v < 12; v++) want.push(v, v, v, v);
+    await new Promise((r) => setImmediate(r));
+    expect(q.bytes).toBe(20 - 3);
+    for (let v = 12; v < 14; v++) copy(v);
+    for (let v = 12; v < 14; v++) want.push(v, v, v, v);
+    room = 1_000_000;
+    q.drained();
+    expectSent();
+    // More copies than the staging buffer holds in one turn (4 KiB), and one larger than a copy is staged for.
+    for (let i = 0; i < 3000; i++) {
+      copy(i & 0xff);
+      want.push(i & 0xff, i & 0xff, i & 0xff, i & 0xff);
+    }
+    const big = new Uint8Array(300).fill(9);
+    q.pushCopy(big);
+    big.fill(0);
+    want.push(...new Array(300).fill(9));
+    await new Promise((r) => setImmediate(r));
+    expectSent();
+    expect(q.bytes).toBe(0);
+    q.close();
+    expect(q.pushCopy(scratch)).toBe(false);
+  });
+
   test("pushNow writes at once, after whatever was queued; a part the socket did not take waits for drained(), in order", async () => {
     const writes: number[][] = [];
     let room = 100;

@@ -25,7 +25,7 @@ async function mqtt5Session(a: Awaited<ReturnType<typeof startTestAgent>>, clien
     if (p.cmd === "puback") acks.push({ id: p.messageId!, reason: (p as { reasonCode?: number }).reasonCode ?? 0 });
   });
   const write = (b: Uint8Array) => (parser.parse(Buffer.from(b)), true);
-  const wire = { write, writeNow: write, writable: () => Promise.resolve(), behind: () => false, end() {} };
+  const wire = { write, writeNow: write, writeCopy: (b: Uint8Array) => write(b.slice()), writable: () => Promise.resolve(), behind: () => false, end() {} };
   const s = new MqttSession(a.agent.mqtt!, wire);
   s.data(mqttPacket.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 5, clean: true, clientId, keepalive: 0 } as mqttPacket.Packet, { protocolVersion: 5 }));
   await waitFor(() => connacked, "CONNACK");
