@@ -5,7 +5,9 @@
  * (Debian mosquitto and nats-server), stops everything it started, prints a
  * table, writes bench/results/<date>-compare.json and one SVG chart per
  * workload. `--quick` shortens every workload; `--warm-secs=N` sets how long
- * each steady-rate step runs at its rate before it measures (default 20).
+ * each steady-rate step runs at its rate before it measures (default 60:
+ * an agent is still compiling its path 10-40 s into the rate, which a
+ * board's agent, running for days, is long past; docs/benchmarks.md).
  *
  * Durability as measured: keyop `sync: always` (fdatasync before the ack)
  * and `sync: none`; Mosquitto QoS 1 with persistence on (a periodic
@@ -670,7 +672,7 @@ async function steadyRate(): Promise<void> {
     servers,
     rates: [100, 1000],
     warmMessages: quick ? 3000 : 60_000,
-    warmSecs: quick ? 1 : Number(process.argv.find((a) => a.startsWith("--warm-secs="))?.slice(12) ?? 20),
+    warmSecs: quick ? 1 : Number(process.argv.find((a) => a.startsWith("--warm-secs="))?.slice(12) ?? 60),
     secs: quick ? 3 : 10,
     idleSecs: quick ? 5 : 20,
     settleSecs: quick ? 10 : 40,
