@@ -13,7 +13,7 @@ import { Window } from "../messenger/window.ts";
 import type { Logger } from "../observability/logger.ts";
 import { LaneScheduler, type LaneStats } from "./lanes.ts";
 import type { ChannelBacklog, Link } from "./link.ts";
-import { batchFrame, type Ack } from "./messages.ts";
+import { batchFrame, batchFrameOf, type Ack } from "./messages.ts";
 import { DEFAULT_PRIORITY } from "./priority.ts";
 import { TokenBucket } from "./token-bucket.ts";
 
@@ -207,43 +207,59 @@ export class Forwarder implements Sender {
 
   private send(reader: CursorReader<StoredEnvelope>, d: Delivery<StoredEnvelope>, peerBytes: Uint8Array): void {
     const { session } = this.opts;
+    const all = d.records;
     // One batch is one channel: the peer's rules are checked once, not per record.
     const allowed = this.opts.allow?.(d.channel) ?? true;
-    // What goes, in one pass without a callback (this runs for every message a link forwards).
-    const seqs: number[] = [];
-    const records: Uint8Array[] = [];
+    // Most often everything fetched goes: then the frame is written from the delivery itself,
+    // with no arrays of what goes (this runs for every message a link forwards).
+    let whole = allowed && !(all.length > 1 && this.latest(d.channel));
     let requests = false;
-    for (let i = 0; i < d.records.length; i++) {
-      const r = d.records[i]!;
-      if (routeIncludes(r.body, r.view, peerBytes)) {
-        this.loopSkipped++;
-        continue;
+    for (let i = 0; whole && i < all.length; i++) {
+      const r = all[i]!;
+      if (routeIncludes(r.body, r.view, peerBytes)) whole = false;
+      else if (r.view.replyToStart >= 0) requests = true;
+    }
+    let seqs: number[] | null = null;
+    let records: Uint8Array[] | null = null;
+    if (!whole) {
+      // What goes, in one pass without a callback.
+      seqs = [];
+      records = [];
+      requests = false;
+      for (let i = 0; i < all.length; i++) {
+        const r = all[i]!;
+        if (routeIncludes(r.body, r.view, peerBytes)) {
+          this.loopSkipped++;
+          continue;
+        }
+        if (!allowed) continue;
+        seqs.push(r.seq);
+        records.push(r.body);
+        if (r.view.replyToStart >= 0) requests = true;
       }
-      if (!allowed) continue;
-      seqs.push(r.seq);
-      records.push(r.body);
-      if (r.view.replyToStart >= 0) requests = true;
-    }
-    if (records.length > 1 && this.latest(d.channel)) {
-      // Backlogged on a last-value channel: only the newest goes.
-      this.superseded += records.length - 1;
-      this.opts.messenger.noteSuperseded(d.channel, records.length - 1);
-      seqs.splice(0, seqs.length - 1);
-      records.splice(0, records.length - 1);
-    }
-    if (records.length === 0) {
-      // Nothing the peer may or should get: done at once (the cursor still waits for any
-      // earlier batch of the channel that is unacknowledged).
-      reader.ack(d);
-      return;
+      if (records.length > 1 && this.latest(d.channel)) {
+        // Backlogged on a last-value channel: only the newest goes.
+        this.superseded += records.length - 1;
+        this.opts.messenger.noteSuperseded(d.channel, records.length - 1);
+        seqs.splice(0, seqs.length - 1);
+        records.splice(0, records.length - 1);
+      }
+      if (records.length === 0) {
+        // Nothing the peer may or should get: done at once (the cursor still waits for any
+        // earlier batch of the channel that is unacknowledged).
+        reader.ack(d);
+        return;
+      }
     }
     if (requests && this.opts.onRequest) {
       // The requests among what goes (both in seq order: one walk).
       let k = 0;
-      for (const r of d.records) {
-        if (k === seqs.length) break;
-        if (r.seq !== seqs[k]) continue;
-        k++;
+      for (const r of all) {
+        if (seqs) {
+          if (k === seqs.length) break;
+          if (r.seq !== seqs[k]) continue;
+          k++;
+        }
         if (r.view.replyToStart >= 0) this.opts.onRequest(envelopeReplyTo(r.body, r.view)!, r.view.expires);
       }
     }
@@ -253,7 +269,7 @@ export class Forwarder implements Sender {
     if (this.stallTimer === null && this.opts.stallMs) this.armStall(this.opts.stallMs);
     // While the window has room the ACK may come a little later, with others in one write.
     const delayAck = reader.inflight < this.opts.window;
-    const frame = batchFrame({ batch, channel: d.channel, seqs, records, delayAck });
+    const frame = seqs && records ? batchFrame({ batch, channel: d.channel, seqs, records, delayAck }) : batchFrameOf(batch, d.channel, all, delayAck);
     this.lanes.push(this.laneOf(d.channel), session.pack(frame));
   }
 

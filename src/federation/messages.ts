@@ -213,11 +213,42 @@ export function parseWelcome(f: Frame): Welcome {
  * `encodeFrame(BATCH, {n, c, s, r})` gives (the tests check it).
  */
 export function batchFrame(bt: Batch, maxBody = HARD_MAX_BODY): Uint8Array {
-  const channelBytes = utf8Bytes(bt.channel);
-  const n = bt.records.length;
-  let size = 3 + 2 + uintSize(bt.batch) + 2 + strHeaderSize(channelBytes.length) + channelBytes.length + 2 + arrayHeaderSize(n) + 2 + arrayHeaderSize(n);
-  for (let i = 0; i < n; i++) size += uintSize(bt.seqs[i]!) + binHeaderSize(bt.records[i]!.length) + bt.records[i]!.length;
-  if (bt.delayAck) size += 3; // "d": true
+  return writeBatch(bt.batch, bt.channel, bt.records.length, bt.seqs, bt.records, null, bt.delayAck === true, maxBody);
+}
+
+/** A stored record as a link sends it: its seq and its bytes. */
+export interface SeqBody {
+  readonly seq: number;
+  readonly body: Uint8Array;
+}
+
+/**
+ * `batchFrame` of every record of `items`, in order: for a forwarder that
+ * sends all a fetch gave, without building the seqs' and the bodies' arrays
+ * and the `Batch` first (one set per forwarded message at a board's rate).
+ */
+export function batchFrameOf(batch: number, channel: string, items: readonly SeqBody[], delayAck: boolean, maxBody = HARD_MAX_BODY): Uint8Array {
+  return writeBatch(batch, channel, items.length, null, null, items, delayAck, maxBody);
+}
+
+/** The BATCH of `n` records: seqs and bodies from `seqs` and `bodies`, or both from `items`. */
+function writeBatch(
+  batch: number,
+  ch: string,
+  n: number,
+  seqs: readonly number[] | null,
+  bodies: readonly Uint8Array[] | null,
+  items: readonly SeqBody[] | null,
+  delayAck: boolean,
+  maxBody: number,
+): Uint8Array {
+  const channelBytes = utf8Bytes(ch);
+  let size = 3 + 2 + uintSize(batch) + 2 + strHeaderSize(channelBytes.length) + channelBytes.length + 2 + arrayHeaderSize(n) + 2 + arrayHeaderSize(n);
+  for (let i = 0; i < n; i++) {
+    const len = items ? items[i]!.body.length : bodies![i]!.length;
+    size += uintSize(items ? items[i]!.seq : seqs![i]!) + binHeaderSize(len) + len;
+  }
+  if (delayAck) size += 3; // "d": true
   if (size > maxBody) throw new FrameError(`BATCH body of ${size} bytes exceeds ${maxBody}`);
   const out = uninitialized(HEADER_BYTES + size);
   setU16BE(out, 0, MAGIC);
@@ -228,20 +259,20 @@ export function batchFrame(bt: Batch, maxBody = HARD_MAX_BODY): Uint8Array {
   // map16, as msgpackr writes objects
   out[at++] = 0xde;
   out[at++] = 0;
-  out[at++] = bt.delayAck ? 5 : 4;
+  out[at++] = delayAck ? 5 : 4;
   at = fixKey(out, at, 0x6e); // "n"
-  at = writeUint(out, at, bt.batch);
+  at = writeUint(out, at, batch);
   at = fixKey(out, at, 0x63); // "c"
   at = writeStrHeader(out, at, channelBytes.length);
   out.set(channelBytes, at);
   at += channelBytes.length;
   at = fixKey(out, at, 0x73); // "s"
   at = writeArrayHeader(out, at, n);
-  for (let i = 0; i < n; i++) at = writeUint(out, at, bt.seqs[i]!);
+  for (let i = 0; i < n; i++) at = writeUint(out, at, items ? items[i]!.seq : seqs![i]!);
   at = fixKey(out, at, 0x72); // "r"
   at = writeArrayHeader(out, at, n);
   for (let i = 0; i < n; i++) {
-    const r = bt.records[i]!;
+    const r = items ? items[i]!.body : bodies![i]!;
     if (r.length <= 0xff) {
       out[at++] = 0xc4;
       out[at++] = r.length;
@@ -257,7 +288,7 @@ export function batchFrame(bt: Batch, maxBody = HARD_MAX_BODY): Uint8Array {
     out.set(r, at);
     at += r.length;
   }
-  if (bt.delayAck) {
+  if (delayAck) {
     at = fixKey(out, at, 0x64); // "d"
     out[at++] = 0xc3;
   }

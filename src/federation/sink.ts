@@ -35,6 +35,8 @@ export interface HubStore extends RecordSink {
   unavailable(): string | null;
 }
 
+const nothing = (): undefined => undefined;
+
 /** The agent's own log. */
 export function messengerSink(messenger: Messenger): RecordSink {
   const bodies = (records: readonly SinkRecord[]) => records.map((r) => r.body);
@@ -43,8 +45,9 @@ export function messengerSink(messenger: Messenger): RecordSink {
       await messenger.ingest(channel, bodies(records));
     },
     storeNow: (channel, records) => {
-      const seqs = messenger.ingestNow(channel, records.length === 1 ? [records[0]!.body] : bodies(records));
-      return Array.isArray(seqs) ? undefined : seqs.then(() => undefined);
+      if (records.length !== 1) return messenger.ingest(channel, bodies(records)).then(nothing);
+      const seq = messenger.ingestNow(channel, records[0]!.body);
+      return typeof seq === "number" ? undefined : seq.then(nothing);
     },
   };
 }

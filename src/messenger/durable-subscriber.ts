@@ -106,7 +106,11 @@ export class DurableSubscriber {
   private readonly state: CursorState;
   /** Highest seq ever handed out per channel, to count redeliveries. */
   private readonly highWater = new Map<string, number>();
-  private readonly ackListeners = new Set<(channel: string, cursor: number) => void>();
+  /**
+   * Replaced, never changed in place: an ack calls the list as it was, even
+   * when a listener removes itself, with no copy made per ack.
+   */
+  private ackListeners: readonly ((channel: string, cursor: number) => void)[] = [];
   private rotate = 0;
 
   /** @internal Made by `Messenger.openSubscriber`. */
@@ -325,7 +329,8 @@ export class DurableSubscriber {
     if (seq + 1 > cur) {
       this.host.cursors.set(this.state, log.name, seq + 1);
       this.host.noteAcked(log.name, seq + 1 - cur);
-      for (const l of [...this.ackListeners]) l(log.name, seq + 1);
+      const listeners = this.ackListeners;
+      for (let i = 0; i < listeners.length; i++) listeners[i]!(log.name, seq + 1);
     }
     return Math.max(cur, seq + 1);
   }
@@ -336,8 +341,10 @@ export class DurableSubscriber {
    * client may ack by HTTP); returns the remover.
    */
   onAck(fn: (channel: string, cursor: number) => void): () => void {
-    this.ackListeners.add(fn);
-    return () => this.ackListeners.delete(fn);
+    if (!this.ackListeners.includes(fn)) this.ackListeners = [...this.ackListeners, fn];
+    return () => {
+      this.ackListeners = this.ackListeners.filter((l) => l !== fn);
+    };
   }
 
   /**

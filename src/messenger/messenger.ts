@@ -426,30 +426,32 @@ export class Messenger {
   }
 
   /**
-   * `ingest` for a receiver that knows nothing else is stored in this turn
-   * (a batch of one record, alone in its read: a steady link's usual), as
-   * `publishNow` is to `publish`: when the channel's log is open and nothing
-   * waits ahead of it, the record is written before this returns, and its
-   * seq comes back as it is. Otherwise a promise, as from `ingest`; this
-   * never throws.
+   * `ingest` of one record for a receiver that knows nothing else is stored
+   * in this turn (a batch of one record, alone in its read: a steady link's
+   * usual), as `publishNow` is to `publish`: when the channel's log is open
+   * and nothing waits ahead of it, the record is written before this
+   * returns, and its seq comes back as it is. Otherwise a promise, as from
+   * `ingest`; this never throws.
    */
-  ingestNow(channel: string, bodies: readonly Uint8Array[]): number[] | Promise<number[]> {
-    if (bodies.length !== 1 || this.state !== "open" || !this.policies.empty || isInbox(channel)) return this.ingest(channel, bodies);
-    const body = bodies[0]!;
-    if (body.length > this.cfg.maxMessageBytes) return this.ingest(channel, bodies);
+  ingestNow(channel: string, body: Uint8Array): number | Promise<number> {
+    if (this.state !== "open" || !this.policies.empty || isInbox(channel) || body.length > this.cfg.maxMessageBytes) return this.ingestOne(channel, body);
     // A log that is open already was opened under a checked name; a new one goes the long way.
     const log = this.store.get(channel);
-    if (log === undefined) return this.ingest(channel, bodies);
+    if (log === undefined) return this.ingestOne(channel, body);
     const seq = log.appendNow(body);
     if (typeof seq !== "number") return this.ingestedLater(seq, channel);
     this.countersOf(channel).published++;
-    return [seq];
+    return seq;
   }
 
-  private ingestedLater(seq: Promise<number>, channel: string): Promise<number[]> {
+  private async ingestOne(channel: string, body: Uint8Array): Promise<number> {
+    return (await this.ingest(channel, [body]))[0]!;
+  }
+
+  private ingestedLater(seq: Promise<number>, channel: string): Promise<number> {
     return seq.then((s) => {
       this.countersOf(channel).published++;
-      return [s];
+      return s;
     });
   }
 

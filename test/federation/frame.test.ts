@@ -4,6 +4,7 @@ import { encodeFrame, FrameDecoder, FrameError, FrameType, HEADER_BYTES, type Fr
 import {
   ackFrame,
   batchFrame,
+  batchFrameOf,
   closeFrame,
   helloFrame,
   parseAck,
@@ -90,6 +91,10 @@ describe("frame codec", () => {
         const generic = encodeFrame(FrameType.BATCH, { n: bt.batch, c: bt.channel, s: bt.seqs, r: bt.records });
         const mine = batchFrame(bt);
         if (bt.seqs.every((q) => q <= 0xffffffff)) expect(hex(mine)).toBe(hex(generic));
+        // From records as a forwarder holds them (seq and body each), with and without d: the same bytes.
+        const items = bt.seqs.map((seq, i) => ({ seq, body: records[i]! }));
+        expect(hex(batchFrameOf(bt.batch, bt.channel, items, false))).toBe(hex(mine));
+        expect(hex(batchFrameOf(bt.batch, bt.channel, items, true))).toBe(hex(batchFrame({ ...bt, delayAck: true })));
         // Seqs past 32 bits: msgpackr may pick another integer form; both must read back the same.
         const back = parseBatch(one2(mine));
         expect(back.seqs).toEqual(bt.seqs);
@@ -98,6 +103,7 @@ describe("frame codec", () => {
       }
     }
     expect(() => batchFrame({ batch: 1, channel: "t.a", seqs: [1], records: [new Uint8Array(2000)] }, 1000)).toThrow(FrameError);
+    expect(() => batchFrameOf(1, "t.a", [{ seq: 1, body: new Uint8Array(2000) }], false, 1000)).toThrow(FrameError);
   });
 
   test("ACK written by hand: the generic encoder's bytes for every integer form and channel length", () => {

@@ -28,6 +28,11 @@ test("messengerSink: storeNow is undefined once the record is stored, a promise 
       expect(m.channelLog("up.x")?.nextSeq).toBe(n + 1);
     }
     expect(atOnce).toBe(true);
+    // Two records: the promise `store` would give, both stored in order.
+    const two = sink.storeNow!("up.x", [rec(++n), rec(++n)]);
+    expect(two).toBeInstanceOf(Promise);
+    await two;
+    expect(m.channelLog("up.x")?.nextSeq).toBe(n + 1);
     const p = sink.store("up.x", [rec(++n)]);
     expect(p).toBeInstanceOf(Promise);
     await p;
