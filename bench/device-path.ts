@@ -25,7 +25,7 @@ import { clientHello, welcomeFrame } from "../src/federation/messages.ts";
 import { Receiver } from "../src/federation/receiver.ts";
 import { PeerSession } from "../src/federation/session.ts";
 import { messengerSink } from "../src/federation/sink.ts";
-import { MqttSession } from "../src/mqtt/session.ts";
+import { MqttSession, queueWire } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
 import { silentLogger } from "../src/observability/logger.ts";
 import { Arrivals, cellsPerInput, measure, mqttAgent, oneRecordBatches, pathOptions, report } from "./self-stats.ts";
@@ -73,14 +73,10 @@ const out = new OutQueue((bytes) => {
   delivered.add(n);
   return bytes.length;
 }, 1 << 20);
-session = new MqttSession(agent.mqtt!, {
-  write: (b) => out.push(b),
-  writeNow: (b) => out.pushNow(b),
-  writeCopy: (b) => out.pushCopy(b),
-  writable: () => out.writable(),
-  behind: () => out.full,
-  end() {},
-});
+session = new MqttSession(
+  agent.mqtt!,
+  queueWire(out, () => {}),
+);
 session.data(mqtt.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 4, clean: true, clientId: "bench-sub", keepalive: 0 } as Packet));
 session.data(mqtt.generate({ cmd: "subscribe", messageId: 1, subscriptions: [{ topic: "down/t", qos: 1 }] } as Packet));
 

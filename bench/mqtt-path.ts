@@ -22,7 +22,7 @@
 import { rmSync } from "node:fs";
 import mqtt, { type Packet } from "mqtt-packet";
 import { tuneRuntime } from "../src/cli/runtime-options.ts";
-import { MqttSession } from "../src/mqtt/session.ts";
+import { MqttSession, queueWire } from "../src/mqtt/session.ts";
 import { OutQueue } from "../src/net/out-queue.ts";
 import { Arrivals, cellsPerInput, measure, mqttAgent, pathOptions, report } from "./self-stats.ts";
 
@@ -44,14 +44,10 @@ const out = new OutQueue((bytes) => {
   acked.add(n / BURST);
   return bytes.length;
 }, 1 << 20);
-const session = new MqttSession(agent.mqtt!, {
-  write: (b) => out.push(b),
-  writeNow: (b) => out.pushNow(b),
-  writeCopy: (b) => out.pushCopy(b),
-  writable: () => out.writable(),
-  behind: () => out.full,
-  end() {},
-});
+const session = new MqttSession(
+  agent.mqtt!,
+  queueWire(out, () => {}),
+);
 session.data(mqtt.generate({ cmd: "connect", protocolId: "MQTT", protocolVersion: 4, clean: true, clientId: "bench", keepalive: 0 } as Packet));
 await Bun.sleep(20);
 

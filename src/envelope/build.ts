@@ -35,9 +35,14 @@ export interface BuiltEnvelope {
  * otherwise close the link at every resend and stop everything behind it.
  */
 export function buildEnvelope(origin: string, m: NewMessage, maxBytes: number): BuiltEnvelope {
-  assertChannel(m.channel);
-  if (isDeadLetter(m.channel)) throw new ReservedChannelError(m.channel);
+  assertPublishable(m.channel);
   return buildOnCheckedChannel(origin, m, maxBytes);
+}
+
+/** Throws unless a publisher may publish on `channel`: a valid name, not a dead-letter channel. */
+export function assertPublishable(channel: string): void {
+  assertChannel(channel);
+  if (isDeadLetter(channel)) throw new ReservedChannelError(channel);
 }
 
 /**
@@ -47,33 +52,18 @@ export function buildEnvelope(origin: string, m: NewMessage, maxBytes: number): 
 export function buildOnCheckedChannel(origin: string, m: NewMessage, maxBytes: number): BuiltEnvelope {
   const id = Bun.randomUUIDv7();
   const ts = Date.now();
-  return { body: bodyOnCheckedChannel(origin, id, ts, m.channel, m.type, m.payload, m.correlationId, m.serviceName, m.meta, maxBytes), id, ts };
+  return { body: buildBody(origin, id, ts, m.channel, m.type, m.payload, m.correlationId, m.serviceName, m.meta, maxBytes), id, ts };
 }
 
 /**
- * `buildEnvelope`'s body, from the message's parts and with the `id` and
- * `ts` the caller made: for a publisher that keeps no `NewMessage`, and
- * needs no `BuiltEnvelope`, per message (an MQTT client's publishes; each
- * object a message leaves costs more at a board's rate than its making).
+ * `buildOnCheckedChannel`'s body, from the message's parts and with the
+ * `id` and `ts` the caller made (its channel checked with
+ * `assertPublishable` first): for a publisher that keeps no `NewMessage`,
+ * and needs no `BuiltEnvelope`, per message (an MQTT client's publishes;
+ * each object a message leaves costs more at a board's rate than its
+ * making).
  */
 export function buildBody(
-  origin: string,
-  id: string,
-  ts: number,
-  channel: string,
-  type: string,
-  payload: unknown,
-  correlationId: string | undefined,
-  serviceName: string | undefined,
-  meta: MessageMeta | undefined,
-  maxBytes: number,
-): Uint8Array {
-  assertChannel(channel);
-  if (isDeadLetter(channel)) throw new ReservedChannelError(channel);
-  return bodyOnCheckedChannel(origin, id, ts, channel, type, payload, correlationId, serviceName, meta, maxBytes);
-}
-
-function bodyOnCheckedChannel(
   origin: string,
   id: string,
   ts: number,

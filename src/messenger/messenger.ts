@@ -6,7 +6,7 @@
  * cursors that see every message at least once, in order per channel.
  */
 import { assertLabel, decodeEnvelope, encodeEnvelope, type EnvelopeFields, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
-import { buildBody, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
+import { assertPublishable, buildBody, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
 import { BufferFullError, ClosedError, ConflictError, InvalidArgumentError, KeyopError, NoRequestError, NoRespondersError, RouteDownError, TooLargeError } from "../errors.ts";
 import { Inboxes, isInbox, newInbox } from "./inbox.ts";
@@ -672,6 +672,7 @@ export class Messenger {
     const ctx = currentContext();
     const correlationId = correlationIdOf(opts, ctx);
     const serviceName = serviceNameOf(opts, ctx, this.cfg.serviceName);
+    assertPublishable(channel);
     return buildBody(this.name, id, ts, channel, type, payload, correlationId, serviceName, meta, this.cfg.maxMessageBytes);
   }
 

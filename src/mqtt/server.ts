@@ -10,7 +10,7 @@ import type { MqttConfig, MqttUser } from "../config/schema.ts";
 import type { Messenger } from "../messenger/messenger.ts";
 import type { Logger } from "../observability/logger.ts";
 import { prepareSocketPath } from "../net/socket-file.ts";
-import { MqttSession, sessionName, sharedGroupName, type SessionHost } from "./session.ts";
+import { MqttSession, queueWire, sessionName, sharedGroupName, type SessionHost } from "./session.ts";
 import { SharedSubscriptions } from "./shared.ts";
 import { RetainedStore } from "./retained.ts";
 import { SessionStore } from "./session-store.ts";
@@ -200,22 +200,12 @@ export class MqttServer implements SessionHost {
 
   private session(sock: Socket<Conn>, identity?: { certUser: string }): MqttSession {
     const out = sock.data.out;
-    return new MqttSession(
-      this,
-      {
-        write: (bytes) => out.push(bytes),
-        writeNow: (bytes) => out.pushNow(bytes),
-        writeCopy: (bytes) => out.pushCopy(bytes),
-        writable: () => out.writable(),
-        behind: () => out.full,
-        end() {
-          out.flushNow();
-          out.close();
-          sock.end();
-        },
-      },
-      identity,
-    );
+    const wire = queueWire(out, () => {
+      out.flushNow();
+      out.close();
+      sock.end();
+    });
+    return new MqttSession(this, wire, identity);
   }
 
   private handlers(tls: boolean) {

@@ -27,6 +27,7 @@ import type { RetainedStore } from "./retained.ts";
 import type { SessionStore } from "./session-store.ts";
 import { compilePattern, compileRules } from "../envelope/names.ts";
 import type { CopyBlocks } from "../bytes.ts";
+import type { OutQueue } from "../net/out-queue.ts";
 
 /** What a session needs from the server around it. */
 export interface SessionHost {
@@ -68,6 +69,18 @@ export interface Wire {
   /** Whether `writable()` would wait now. */
   behind(): boolean;
   end(): void;
+}
+
+/** The wire of a socket whose outbound bytes go through `out`; `end` closes the socket. */
+export function queueWire(out: OutQueue, end: () => void): Wire {
+  return {
+    write: (bytes) => out.push(bytes),
+    writeNow: (bytes) => out.pushNow(bytes),
+    writeCopy: (bytes) => out.pushCopy(bytes),
+    writable: () => out.writable(),
+    behind: () => out.full,
+    end,
+  };
 }
 
 /** Durable subscriber name of a persistent MQTT session. */
