@@ -12,6 +12,7 @@ import { join } from "node:path";
 import { Agent } from "../src/agent/agent.ts";
 import { parseConfig } from "../src/config/schema.ts";
 import { buildEnvelope } from "../src/envelope/build.ts";
+import { MessageIds } from "../src/envelope/message-id.ts";
 import { batchFrame } from "../src/federation/messages.ts";
 import { silentLogger } from "../src/observability/logger.ts";
 
@@ -244,9 +245,10 @@ export async function mqttAgent(name: string, sync: "none" | "always"): Promise<
 export function oneRecordBatches(channel: string): () => Uint8Array {
   const payload = "x".repeat(200);
   let seq = 0;
+  const ids = new MessageIds();
   return () => {
     seq++;
-    const env = buildEnvelope("a", { channel, type: "t", payload }, 1 << 20);
+    const env = buildEnvelope("a", { channel, type: "t", payload }, 1 << 20, ids);
     return batchFrame({ batch: seq, channel, seqs: [seq], records: [env.body], delayAck: true });
   };
 }

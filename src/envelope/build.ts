@@ -5,6 +5,7 @@
  */
 import { InvalidArgumentError, ReservedChannelError, TooLargeError } from "../errors.ts";
 import { assertLabel, encodeNewEnvelope, type MessageMeta } from "./envelope.ts";
+import type { MessageIds } from "./message-id.ts";
 import { assertChannel, isDeadLetter } from "./names.ts";
 import { scanEnvelope } from "./scan.ts";
 import { Utf8Bytes } from "./utf8-bytes.ts";
@@ -34,9 +35,9 @@ export interface BuiltEnvelope {
  * extension types a hub accepts. A record a hub would refuse would
  * otherwise close the link at every resend and stop everything behind it.
  */
-export function buildEnvelope(origin: string, m: NewMessage, maxBytes: number): BuiltEnvelope {
+export function buildEnvelope(origin: string, m: NewMessage, maxBytes: number, ids: MessageIds): BuiltEnvelope {
   assertPublishable(m.channel);
-  return buildOnCheckedChannel(origin, m, maxBytes);
+  return buildOnCheckedChannel(origin, m, maxBytes, ids);
 }
 
 /** Throws unless a publisher may publish on `channel`: a valid name, not a dead-letter channel. */
@@ -49,9 +50,9 @@ export function assertPublishable(channel: string): void {
  * `buildEnvelope` for a channel already checked, dead-letter channels
  * included: what a messenger itself stores when a handler gives up.
  */
-export function buildOnCheckedChannel(origin: string, m: NewMessage, maxBytes: number): BuiltEnvelope {
-  const id = Bun.randomUUIDv7();
+export function buildOnCheckedChannel(origin: string, m: NewMessage, maxBytes: number, ids: MessageIds): BuiltEnvelope {
   const ts = Date.now();
+  const id = ids.next(ts);
   return { body: buildBody(origin, id, ts, m.channel, m.type, m.payload, m.correlationId, m.serviceName, m.meta, maxBytes), id, ts };
 }
 
@@ -65,7 +66,7 @@ export function buildOnCheckedChannel(origin: string, m: NewMessage, maxBytes: n
  */
 export function buildBody(
   origin: string,
-  id: string,
+  id: string | MessageIds,
   ts: number,
   channel: string,
   type: string,

@@ -9,6 +9,7 @@
  */
 import { Packr } from "msgpackr";
 import { InvalidArgumentError } from "../errors.ts";
+import type { MessageIds } from "./message-id.ts";
 import { Utf8Bytes } from "./utf8-bytes.ts";
 import { EnvelopeWriter } from "./writer.ts";
 
@@ -128,10 +129,11 @@ export function encodeEnvelope(f: EnvelopeFields & { v?: number }, meta?: Messag
 /**
  * `encodeEnvelope` of a new message: version `ENVELOPE_VERSION`, route
  * `[origin]`, the metadata from `meta`; from the fields one by one, with no
- * object built for them on the way.
+ * object built for them on the way. With the generator for `id`, a new id
+ * is written into the body and no string is made for it.
  */
 export function encodeNewEnvelope(
-  id: string,
+  id: string | MessageIds,
   ts: number,
   channel: string,
   origin: string,
@@ -143,7 +145,7 @@ export function encodeNewEnvelope(
 ): Uint8Array {
   return (
     writer.writeNew(ENVELOPE_VERSION, id, ts, channel, origin, type, correlationId, serviceName, meta, payload) ??
-    encodeEnvelope({ id, ts, channel, origin, type, correlationId, serviceName, route: [origin], payload }, meta)
+    encodeEnvelope({ id: typeof id === "string" ? id : id.next(ts), ts, channel, origin, type, correlationId, serviceName, route: [origin], payload }, meta)
   );
 }
 

@@ -11,6 +11,7 @@
  * written as the str its text would be. A payload of another type
  * (an object from JSON) is handed to `packValue` and its bytes copied in.
  */
+import { MESSAGE_ID_CHARS, MessageIds } from "./message-id.ts";
 import { Utf8Bytes } from "./utf8-bytes.ts";
 
 /** The bytes of one msgpack value (the caller's msgpack encoder, for payloads that are neither text nor bytes). */
@@ -84,10 +85,12 @@ export class EnvelopeWriter {
    * `write` for a new message of `origin` (the route is `[origin]`), from
    * its fields one by one: a publish builds neither the fields' object nor
    * the route's array, which were two of the few objects a message leaves.
+   * `id` may be the generator itself: a new id for `ts` is written in
+   * place, with no string made for it.
    */
   writeNew(
     v: number,
-    id: string,
+    id: string | MessageIds,
     ts: number,
     channel: string,
     origin: string,
@@ -115,7 +118,7 @@ export class EnvelopeWriter {
     p: unknown,
   ): Uint8Array | null {
     let packed: Uint8Array | null = null;
-    let need = 64 + 3 * (slen(id) + slen(channel) + slen(origin) + slen(type));
+    let need = 64 + MESSAGE_ID_CHARS + 3 * (slen(id) + slen(channel) + slen(origin) + slen(type));
     if (typeof p === "string") need += 3 * p.length;
     else if (p instanceof Uint8Array) need += p.length;
     else if (p instanceof Utf8Bytes) need += p.bytes.length;
@@ -148,7 +151,13 @@ export class EnvelopeWriter {
     this.raw(K.v);
     this.num(v);
     this.raw(K.id);
-    if (!this.str(id)) return null;
+    if (id instanceof MessageIds && typeof ts === "number") {
+      // Its 36 ASCII characters, as msgpackr writes a string of that length (str8).
+      this.buf[this.pos++] = 0xd9;
+      this.buf[this.pos++] = MESSAGE_ID_CHARS;
+      id.write(this.buf, this.pos, ts);
+      this.pos += MESSAGE_ID_CHARS;
+    } else if (!this.str(id)) return null;
     this.raw(K.ts);
     if (!this.num(ts)) return null;
     this.raw(K.channel);

@@ -19,6 +19,7 @@ import { connectMtls } from "../pki/mtls.ts";
 import { loadTlsMaterial, type TlsFiles, type TlsMaterial } from "../pki/tls.ts";
 import { type AttemptControl, Redialer, splitHostPort } from "./redial.ts";
 import { buildEnvelope } from "../envelope/build.ts";
+import { MessageIds } from "../envelope/message-id.ts";
 import { ackFrame, batchFrame, clientHello, type Ack, type Batch } from "./messages.ts";
 import { type PeerSession, sessionHandler } from "./session.ts";
 
@@ -93,6 +94,8 @@ export class EphemeralMessenger {
   private allowed: Matcher | null = null;
   private readonly queue: Pending[] = [];
   private readonly roomWaiters: (() => void)[] = [];
+  /** The ids of this client's messages, in publish order. */
+  private readonly ids = new MessageIds();
   private readonly inflight = new Map<number, Pending[]>();
   private nextBatch = 1;
   private nextSeq = 1;
@@ -173,7 +176,7 @@ export class EphemeralMessenger {
     if (this.state === "closed") throw new ClosedError("ephemeral messenger is closed");
     if (this.fatal) throw this.fatal;
     // A message must fit a batch, with room for the frame around it.
-    const { body, id, ts } = buildEnvelope(this.name, labelledMessage(channel, type, payload, opts, this.cfg.serviceName), this.cfg.maxBatchBytes - 1024);
+    const { body, id, ts } = buildEnvelope(this.name, labelledMessage(channel, type, payload, opts, this.cfg.serviceName), this.cfg.maxBatchBytes - 1024, this.ids);
     if (this.allowed && !this.allowed(channel)) throw new ForbiddenError(`the hub does not allow ${this.name} to publish on ${channel}`);
     if (this.state === "down" || (this.state !== "open" && !this.cfg.autoReconnect)) throw new NotConnectedError("not connected to the hub");
     while (this.queue.length >= this.cfg.queueSize) {

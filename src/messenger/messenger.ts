@@ -7,6 +7,7 @@
  */
 import { assertLabel, decodeEnvelope, encodeEnvelope, type EnvelopeFields, toWire, type Message, type MessageMeta } from "../envelope/envelope.ts";
 import { assertPublishable, buildBody, buildOnCheckedChannel, type BuiltEnvelope } from "../envelope/build.ts";
+import { MessageIds } from "../envelope/message-id.ts";
 import { assertChannel, assertName, assertPattern, compilePattern, deadLetterOf, isDeadLetter, type Matcher } from "../envelope/names.ts";
 import { BufferFullError, ClosedError, ConflictError, InvalidArgumentError, KeyopError, NoRequestError, NoRespondersError, RouteDownError, TooLargeError } from "../errors.ts";
 import { Inboxes, isInbox, newInbox } from "./inbox.ts";
@@ -142,6 +143,8 @@ export class Messenger {
   private readonly matchCache = new Map<string, ChannelLog[]>();
   private readonly channelWatchers = new Set<{ pattern: string; fn: () => void }>();
   private readonly publishLatency = new Histogram();
+  /** Every id this messenger gives a message: one generator, so that they sort in publish order. */
+  private readonly ids = new MessageIds();
   private readonly handlerLatency = new Histogram();
   private readonly fsyncLatency: Histogram;
   private retentionTimer: ReturnType<typeof setInterval> | null = null;
@@ -277,8 +280,8 @@ export class Messenger {
    */
   async publish(channel: string, type: string, payload: unknown, opts?: PublishOptions): Promise<PublishResult> {
     if (isInbox(channel)) return this.deliverReply(channel, type, payload, opts);
-    const id = Bun.randomUUIDv7();
     const ts = Date.now();
+    const id = this.ids.next(ts);
     const body = this.encodeBody(channel, type, payload, opts, id, ts);
     const t0 = performance.now();
     const open = this.logFor(channel);
@@ -294,23 +297,23 @@ export class Messenger {
    * `publish` for a caller that knows nothing else is published in this
    * turn (an MQTT publish alone in its read): when the channel's log is
    * open and nothing waits ahead of it, the message is written before this
-   * returns, and the result comes back as it is rather than as a promise
+   * returns, and its seq comes back as it is rather than as a promise
    * (no microtask, no turn of the event loop: at a board's rate, one
    * message a wake-up, those were a visible part of its cost). Otherwise a
-   * promise, as from `publish`. Unlike `publish`, a message that cannot be
-   * built (bad label, too large) throws here rather than rejecting.
+   * promise of the seq. Unlike `publish`, a message that cannot be built
+   * (bad label, too large) throws here rather than rejecting. The caller
+   * gets no id: none is made as a string (nor any result object).
    */
-  publishNow(channel: string, type: string, payload: unknown, opts?: PublishOptions): PublishResult | Promise<PublishResult> {
-    if (!this.policies.empty || isInbox(channel)) return this.publish(channel, type, payload, opts);
+  publishNow(channel: string, type: string, payload: unknown, opts?: PublishOptions): number | Promise<number> {
+    if (!this.policies.empty || isInbox(channel)) return this.seqOf(this.publish(channel, type, payload, opts));
     const log = this.logFor(channel);
-    if (log instanceof Promise) return this.publish(channel, type, payload, opts);
-    const id = Bun.randomUUIDv7();
-    const ts = Date.now();
-    const body = this.encodeBody(channel, type, payload, opts, id, ts);
+    if (log instanceof Promise) return this.seqOf(this.publish(channel, type, payload, opts));
+    // The id is written into the body: its caller reads only the seq.
+    const body = this.encodeBody(channel, type, payload, opts, this.ids, Date.now());
     const t0 = performance.now();
     const seq = log.appendNow(body);
-    if (typeof seq !== "number") return this.publishedLater(seq, channel, id, ts, t0);
-    return this.published(channel, id, seq, ts, t0);
+    if (typeof seq !== "number") return this.storedLater(seq, channel, t0);
+    return this.stored(channel, seq, t0);
   }
 
   /**
@@ -329,7 +332,7 @@ export class Messenger {
     if (log === undefined) return this.publishThen(channel, type, payload, opts, waiter);
     let body: Uint8Array;
     try {
-      body = this.encodeBody(channel, type, payload, opts, Bun.randomUUIDv7(), Date.now());
+      body = this.encodeBody(channel, type, payload, opts, this.ids, Date.now());
     } catch (err) {
       return waiter.publishSettled(err);
     }
@@ -346,14 +349,24 @@ export class Messenger {
   // The callbacks of a write that did not settle at once live in functions of their own: a
   // function that makes a closure anywhere in it allocates its scope on every call, until the
   // JIT has optimized it, and these run for every message.
-  private publishedLater(seq: Promise<number>, channel: string, id: string, ts: number, t0: number): Promise<PublishResult> {
-    return seq.then((s) => this.published(channel, id, s, ts, t0));
+  private storedLater(seq: Promise<number>, channel: string, t0: number): Promise<number> {
+    return seq.then((s) => this.stored(channel, s, t0));
+  }
+
+  private seqOf(r: Promise<PublishResult>): Promise<number> {
+    return r.then(seqOfResult);
+  }
+
+  /** Counts a stored publish and gives its seq. */
+  private stored(channel: string, seq: number, t0: number): number {
+    this.publishLatency.record(performance.now() - t0);
+    this.countersOf(channel).published++;
+    return seq;
   }
 
   /** Counts a stored publish and gives its result. */
   private published(channel: string, id: string, seq: number, ts: number, t0: number): PublishResult {
-    this.publishLatency.record(performance.now() - t0);
-    this.countersOf(channel).published++;
+    this.stored(channel, seq, t0);
     return { id, seq, channel, ts };
   }
 
@@ -655,13 +668,13 @@ export class Messenger {
   }
 
   private encode(channel: string, type: string, payload: unknown, opts?: PublishOptions): BuiltEnvelope {
-    const id = Bun.randomUUIDv7();
     const ts = Date.now();
+    const id = this.ids.next(ts);
     return { body: this.encodeBody(channel, type, payload, opts, id, ts), id, ts };
   }
 
   /** The stored body of a new message with `id` and `ts`: checked, labelled, with its TTL. */
-  private encodeBody(channel: string, type: string, payload: unknown, opts: PublishOptions | undefined, id: string, ts: number): Uint8Array {
+  private encodeBody(channel: string, type: string, payload: unknown, opts: PublishOptions | undefined, id: string | MessageIds, ts: number): Uint8Array {
     if (this.state !== "open") throw new ClosedError();
     const ttl = opts?.ttlMs ?? (this.policies.empty ? undefined : this.policies.of(channel).ttlMs);
     let meta = opts?.meta;
@@ -695,7 +708,7 @@ export class Messenger {
       message: toWire(msg),
     };
     const m = labelledMessage(channel, "keyop.dead-letter", payload, { correlationId: msg.correlationId ?? msg.id }, this.cfg.serviceName);
-    const { body } = buildOnCheckedChannel(this.name, m, this.cfg.maxMessageBytes);
+    const { body } = buildOnCheckedChannel(this.name, m, this.cfg.maxMessageBytes, this.ids);
     const log = await this.logFor(channel);
     await log.append(body);
     this.countersOf(msg.channel).deadLettered++;
@@ -1087,3 +1100,5 @@ export class Messenger {
 }
 
 export type { StartFrom };
+
+const seqOfResult = (r: PublishResult): number => r.seq;

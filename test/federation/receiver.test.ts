@@ -5,6 +5,7 @@
  */
 import { describe, expect, test } from "bun:test";
 import { buildEnvelope } from "../../src/envelope/build.ts";
+import { MessageIds } from "../../src/envelope/message-id.ts";
 import { RecentIds } from "../../src/federation/dedup.ts";
 import { FrameDecoder } from "../../src/federation/frame.ts";
 import type { Link } from "../../src/federation/link.ts";
@@ -13,6 +14,8 @@ import { Receiver } from "../../src/federation/receiver.ts";
 import type { SinkRecord } from "../../src/federation/sink.ts";
 import { silentLogger } from "../../src/observability/logger.ts";
 import { waitFor } from "../helpers.ts";
+
+const ids = new MessageIds();
 
 /** A session that records the batch numbers of the ACKs sent on it, and when. */
 function fakeLink() {
@@ -49,7 +52,7 @@ function setup(ackHoldMs: number) {
 let seq = 0;
 const batch = (n: number, delayAck: boolean): Batch => {
   seq++;
-  const b: Batch = { batch: n, channel: "up.x", seqs: [seq], records: [buildEnvelope("dev", { channel: "up.x", type: "t", payload: n }, 65_536).body] };
+  const b: Batch = { batch: n, channel: "up.x", seqs: [seq], records: [buildEnvelope("dev", { channel: "up.x", type: "t", payload: n }, 65_536, ids).body] };
   if (delayAck) b.delayAck = true;
   return b;
 };
@@ -163,7 +166,7 @@ describe("Receiver ACKs", () => {
       logger: { ...silentLogger, error: (_m: string, f?: Record<string, unknown>) => void failures.push(f?.error) },
     });
     const { link, acks } = fakeLink();
-    const one = (n: number, body = buildEnvelope("dev", { channel: "up.x", type: "t", payload: n }, 65_536).body): Batch => ({ batch: n, channel: "up.x", seqs: [n], records: [body] });
+    const one = (n: number, body = buildEnvelope("dev", { channel: "up.x", type: "t", payload: n }, 65_536, ids).body): Batch => ({ batch: n, channel: "up.x", seqs: [n], records: [body] });
 
     receiver.handle(link, one(1));
     expect(acks.map((a) => a.batch)).toEqual([1]); // stored and acknowledged before handle returned
@@ -202,8 +205,8 @@ describe("Receiver ACKs", () => {
 
   test("a record twice in one batch, and again in a later one of one record, is stored once; both batches are acknowledged", async () => {
     const a = setup(0);
-    const env = buildEnvelope("dev", { channel: "up.x", type: "t", payload: "once" }, 65_536).body;
-    const other = buildEnvelope("dev", { channel: "up.x", type: "t", payload: "other" }, 65_536).body;
+    const env = buildEnvelope("dev", { channel: "up.x", type: "t", payload: "once" }, 65_536, ids).body;
+    const other = buildEnvelope("dev", { channel: "up.x", type: "t", payload: "other" }, 65_536, ids).body;
     a.receiver.handle(a.link, { batch: 1, channel: "up.x", seqs: [1, 2, 3], records: [env, other, env] });
     await waitFor(() => a.acks.length === 1, "the first ACK");
     a.receiver.handle(a.link, { batch: 2, channel: "up.x", seqs: [4], records: [env] });
