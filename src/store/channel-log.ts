@@ -164,7 +164,8 @@ export class ChannelLog {
   private closed = false;
   private dirty = false;
   private syncTimer: ReturnType<typeof setInterval> | null = null;
-  private listeners = new Set<CommitListener>();
+  /** Replaced, never changed in place, when one comes or goes: a commit walks it with no iterator. */
+  private listeners: readonly CommitListener[] = [];
   private readonly tail: TailCache;
   /** Written (maybe not yet durable) end of the active segment, and the seq after it. */
   private writeEnd: number;
@@ -413,7 +414,8 @@ export class ChannelLog {
     let bytes = 0;
     for (let i = 0; i < batch.length; i++) bytes += batch[i]!.body.length + RECORD_HEADER_BYTES;
     if (this.writeEnd + bytes > this.opts.segmentBytes || this.prealloc.mustWait(seg, this.writeEnd, bytes)) return false;
-    this.queue = [];
+    // The queue's array goes with its records (a commit may keep it); a lone record's never was the queue.
+    if (batch === this.queue) this.queue = [];
     try {
       // False (nothing written) only when a reseal is due, which was ruled out above.
       if (!this.writeChunkAt(seg, fh, batch)) for (const p of batch) this.redo.push(p);
@@ -524,16 +526,7 @@ export class ChannelLog {
     this.writeSeq = firstSeq + chunk.length;
     // Without preallocation (or when it failed) the records themselves grew the file.
     if (this.writeEnd > seg.allocated) seg.allocated = this.writeEnd;
-    if (!this.closed && this.prealloc.due(seg, this.writeEnd)) {
-      const epoch = this.epoch;
-      this.prealloc.ahead(
-        seg,
-        fh,
-        this.writeEnd,
-        () => epoch === this.epoch,
-        (from) => this.cutTo(seg, fh.fd, Math.max(from, this.writeEnd)),
-      );
-    }
+    if (!this.closed && this.prealloc.due(seg, this.writeEnd)) this.preallocAhead(seg, fh);
     if (this.opts.sync !== "always") {
       this.dirty = true;
       this.commit(seg, pos, firstSeq, chunk);
@@ -549,6 +542,27 @@ export class ChannelLog {
       const sfh = seg.syncHandleNow();
       if (sfh) return this.syncInline(seg, sfh, pos, firstSeq, chunk);
     }
+    this.syncOnPool(seg, pos, firstSeq, chunk);
+    return true;
+  }
+
+  // The closures of a write live in functions of their own: a function that makes one anywhere
+  // in it allocates its scope on every call, and `writeChunkAt` runs for every commit.
+
+  /** Zeros ahead of the records just written, unless a failure since made them moot. */
+  private preallocAhead(seg: Segment, fh: FileHandle): void {
+    const epoch = this.epoch;
+    this.prealloc.ahead(
+      seg,
+      fh,
+      this.writeEnd,
+      () => epoch === this.epoch,
+      (from) => this.cutTo(seg, fh.fd, Math.max(from, this.writeEnd)),
+    );
+  }
+
+  /** `writeChunkAt`'s fdatasync on the thread pool, its commit queued behind the ones in flight. */
+  private syncOnPool(seg: Segment, pos: number, firstSeq: number, chunk: Pending[]): void {
     this.inflight++;
     const epoch = this.epoch;
     const t = performance.now();
@@ -587,7 +601,6 @@ export class ChannelLog {
       this.commit(seg, pos, firstSeq, chunk);
       this.markDurable(seg.size, this.nextSeq);
     })();
-    return true;
   }
 
   /** fdatasyncs take this long here lately (ms, smoothed): whether the next may run inline. */
@@ -810,7 +823,7 @@ export class ChannelLog {
   /** Makes records written at `pos` visible, resolves their publishers, wakes readers. */
   private commit(seg: Segment, pos: number, firstSeq: number, chunk: Pending[]): void {
     let off = pos;
-    const cache = this.tail.wanted(this.listeners.size > 0);
+    const cache = this.tail.wanted(this.listeners.length > 0);
     for (let k = 0; k < chunk.length; k++) {
       const seq = firstSeq + k;
       seg.noteAppended(seq, off);
@@ -826,9 +839,10 @@ export class ChannelLog {
     seg.lastWriteMs = Date.now();
     this.nextSeq = firstSeq + chunk.length;
     for (let k = 0; k < chunk.length; k++) chunk[k]!.resolve(firstSeq + k);
-    for (const l of this.listeners) {
+    const listeners = this.listeners;
+    for (let i = 0; i < listeners.length; i++) {
       try {
-        l(firstSeq, this.nextSeq);
+        listeners[i]!(firstSeq, this.nextSeq);
       } catch (err) {
         this.opts.logger.error("commit listener failed", { channel: this.name, error: String(err) });
       }
@@ -951,8 +965,10 @@ export class ChannelLog {
 
   /** Registers a listener for newly visible records; returns its remover. */
   onCommit(listener: CommitListener): () => void {
-    this.listeners.add(listener);
-    return () => this.listeners.delete(listener);
+    if (!this.listeners.includes(listener)) this.listeners = [...this.listeners, listener];
+    return () => {
+      this.listeners = this.listeners.filter((l) => l !== listener);
+    };
   }
 
   /**
@@ -1044,6 +1060,6 @@ export class ChannelLog {
       }
     }
     for (const s of this.segments) await s.close();
-    this.listeners.clear();
+    this.listeners = [];
   }
 }

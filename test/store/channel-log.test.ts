@@ -359,6 +359,35 @@ describe("ChannelLog", () => {
     await log.close();
   });
 
+  test("commit listeners: one registered twice is called once, a remover stops only its own, one may leave while called", async () => {
+    for (const sync of ["always", "none"] as const) {
+      const log = await ChannelLog.open("c", join(tmpDir(), "c"), opts({ sync }), { create: true });
+      const calls: string[] = [];
+      const a = () => void calls.push("a");
+      const offA = log.onCommit(a);
+      log.onCommit(a);
+      const offB = log.onCommit(() => {
+        calls.push("b");
+        offB();
+      });
+      log.onCommit(() => void calls.push("c"));
+      await log.append(bodyOf(1));
+      expect(calls).toEqual(["a", "b", "c"]);
+      calls.length = 0;
+      expect(log.appendNow(bodyOf(2))).toBeDefined();
+      await log.append(bodyOf(3));
+      // b left during the first commit; a and c stay for every later one.
+      expect(calls.filter((c) => c === "b")).toEqual([]);
+      expect(calls.filter((c) => c === "a").length).toBeGreaterThanOrEqual(1);
+      expect(calls.filter((c) => c === "a").length).toBe(calls.filter((c) => c === "c").length);
+      offA();
+      calls.length = 0;
+      await log.append(bodyOf(4));
+      expect(calls).toEqual(["c"]);
+      await log.close();
+    }
+  });
+
   test("torn tail: cut at every byte of the last records, reopen keeps whole records and appends work", async () => {
     const base = tmpDir();
     const src = join(base, "src");
