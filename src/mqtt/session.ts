@@ -107,17 +107,19 @@ function encodedName(kind: string, id: string): string {
 }
 
 /**
- * Packets handled per turn of the event loop: a client's usual window of
- * QoS 1 publishes (64 by default in most clients), which often arrives in
- * one read, is stored in that turn with one write and one fdatasync and
- * answered with one burst of PUBACKs. Groups of 16 overlapped one group's
- * fdatasync with the next group's work, but paid a commit and a thread-pool
- * round trip per group; on a disk that flushes in a fraction of a
- * millisecond that cost more than the overlap won (docs/benchmarks.md has
- * the figures). A larger window is still handled a group per turn, so one
- * client cannot hold the loop for its whole window.
+ * Packets handled per turn of the event loop: half a client's usual window
+ * of QoS 1 publishes (64 by default in most clients). Such a window often
+ * arrives in one read; its first half is stored in that turn with one write
+ * and one fdatasync, and that half's PUBACKs go out in the next turn before
+ * the second half is written (the log writes again only after a turn), so
+ * the client sends its next publishes while keyop stores the rest. With a
+ * whole window per commit the client and keyop took turns: the client
+ * waited for the window's fdatasync, keyop for the client's next window.
+ * Groups of 16 paid a commit per group for no more overlap
+ * (docs/benchmarks.md has the figures). A larger window is still handled a
+ * group per turn, so one client cannot hold the loop for its whole window.
  */
-const PUMP_PACKETS = 64;
+const PUMP_PACKETS = 32;
 /** Parsed packets allowed to wait: past this a turn handles the excess too (a flooding client). */
 const MAX_WAITING_PACKETS = 1024;
 
