@@ -21,7 +21,7 @@ import mqtt, { type IClientOptions, type MqttClient } from "mqtt";
 import { connect as natsConnect, StorageType, type NatsConnection } from "nats";
 import { rssOf, anonOf, startAgent, publishRate } from "./api.ts";
 import { paced, start, startTrio, stop, streamCount, until, type Proc } from "./fed-lib.ts";
-import { diskFloorUs, pace, printTable, quantile, workers, writeResults, type Row } from "./lib.ts";
+import { diskFloorUs, pace, syscallNs, printTable, quantile, workers, writeResults, type Row } from "./lib.ts";
 import { portOpen, spawnReady, stopProc, type Proc as Child } from "./procs.ts";
 import { bin, costBetween, cpuOf, ensureInstalled, freePort, Servers, snapshotOf, type ConfServer, type Server } from "./servers.ts";
 import { RawHttp } from "./raw-http.ts";
@@ -241,9 +241,12 @@ async function ingestMqtt(): Promise<void> {
     const msgs: Record<string, number> = { keyop: 0, mosquitto: 0, floor: 0 };
     // The disk's write + fdatasync latency before each round: keyop waits for it, Mosquitto does not.
     const floors: number[] = [];
+    // A syscall's price before each round: Mosquitto's rate follows it (see syscallNs).
+    const kernel: number[] = [];
     let busy = 0;
     for (let r = 0; r < MQTT_ROUNDS; r++) {
       floors.push(diskFloorUs(dir("keyop-mqtt")));
+      kernel.push(syscallNs());
       for (const side of sides) {
         const c0 = snapshotOf([side.pid]);
         const u0 = process.cpuUsage();
@@ -286,6 +289,13 @@ async function ingestMqtt(): Promise<void> {
       quantile([...floors], 0.5),
       "µs",
       `256 bytes into a preallocated file, 200 times before each round: ${floors.map((f) => f.toFixed(0)).join(" / ")} µs`,
+    );
+    row(
+      "floor",
+      `one system call (getppid) on this VM, during the MQTT rounds (${n} in flight)`,
+      quantile([...kernel], 0.5),
+      "ns",
+      `mean of 100,000 before each round: ${kernel.map((k) => k.toFixed(0)).join(" / ")} ns; Mosquitto makes about 12 per message here, keyop and the sink a few per window`,
     );
     for (const side of sides) {
       const rounds = rates[side.who]!.map((x) => Math.round(x)).join(" / ");
@@ -668,6 +678,7 @@ async function crashNats(): Promise<void> {
 // ---------- 6. steady rate ----------
 
 async function steadyRate(): Promise<void> {
+  const before = syscallNs();
   const r = await steady({
     servers,
     rates: [100, 1000],
@@ -679,6 +690,8 @@ async function steadyRate(): Promise<void> {
     only: only?.startsWith("steady") ? only : undefined,
   });
   rows.push(...r.rows);
+  const after = syscallNs();
+  row("floor", "one system call (getppid) on this VM, before / after the steady workload", (before + after) / 2, "ns", `${before.toFixed(0)} / ${after.toFixed(0)} ns, each the mean of 100,000 (the price of a kernel entry moves between sessions with the host)`);
   for (const c of r.costs)
     if (c.rate === 1000)
       charts.steady!.push({

@@ -3,6 +3,7 @@
  * percentiles over recorded samples, the printed table and the JSON file
  * under bench/results/.
  */
+import { dlopen } from "bun:ffi";
 import { closeSync, fdatasyncSync, mkdirSync, openSync, rmSync, writeFileSync, writeSync } from "node:fs";
 import { cpus, totalmem } from "node:os";
 import { join } from "node:path";
@@ -97,6 +98,28 @@ export function diskFloorUs(dir: string, count = 200): number {
   } finally {
     closeSync(fd);
     rmSync(path, { force: true });
+  }
+}
+
+/**
+ * Mean ns of one trivial system call (getppid, through libc, which does not
+ * cache it). On this paravirtualized VM the price of a kernel entry has
+ * moved about threefold between sessions, with the host. A server that
+ * makes a dozen syscalls per message (Mosquitto reads a packet in four
+ * reads and toggles EPOLLOUT around each PUBACK) moves with it far more
+ * than one that batches a window per read and write; measured beside each
+ * round, it says which kind of host a comparison ran on.
+ */
+export function syscallNs(count = 100_000): number {
+  const libc = dlopen("libc.so.6", { getppid: { args: [], returns: "i32" } });
+  try {
+    const getppid = libc.symbols.getppid;
+    for (let i = 0; i < 1000; i++) getppid();
+    const t0 = Bun.nanoseconds();
+    for (let i = 0; i < count; i++) getppid();
+    return (Bun.nanoseconds() - t0) / count;
+  } finally {
+    libc.close();
   }
 }
 
