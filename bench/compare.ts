@@ -691,7 +691,13 @@ async function steadyRate(): Promise<void> {
   });
   rows.push(...r.rows);
   const after = syscallNs();
-  row("floor", "one system call (getppid) on this VM, before / after the steady workload", (before + after) / 2, "ns", `${before.toFixed(0)} / ${after.toFixed(0)} ns, each the mean of 100,000 (the price of a kernel entry moves between sessions with the host)`);
+  row(
+    "floor",
+    "one system call (getppid) on this VM, before / after the steady workload",
+    (before + after) / 2,
+    "ns",
+    `${before.toFixed(0)} / ${after.toFixed(0)} ns, each the mean of 100,000 (the price of a kernel entry moves between sessions with the host)`,
+  );
   for (const c of r.costs)
     if (c.rate === 1000)
       charts.steady!.push({
