@@ -685,7 +685,7 @@ async function steadyRate(): Promise<void> {
     warmMessages: quick ? 3000 : 60_000,
     warmSecs: quick ? 1 : Number(process.argv.find((a) => a.startsWith("--warm-secs="))?.slice(12) ?? 60),
     secs: quick ? 3 : 10,
-    idleSecs: quick ? 5 : 20,
+    idleSecs: quick ? 5 : 60,
     settleSecs: quick ? 10 : 40,
     only: only?.startsWith("steady") ? only : undefined,
   });

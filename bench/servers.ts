@@ -206,6 +206,20 @@ export function snapshotOf(pids: number[]): ProcSnapshot {
 }
 
 /**
+ * `next`, with the threads that `prev` saw and `next` does not (they ended
+ * in between) kept at what `prev` read of them. Sampling a process every
+ * second this way keeps most of the wake-ups of a thread that lives for
+ * seconds only: JavaScriptCore starts a marking helper for a collection and
+ * lets it exit some 10 s later, and a window read only at its two ends
+ * counts such a thread's wake-ups or not by where the window falls.
+ */
+export function withEnded(prev: ProcSnapshot, next: ProcSnapshot): ProcSnapshot {
+  const threads = new Map(next.threads);
+  for (const [id, t] of prev.threads) if (!threads.has(id)) threads.set(id, t);
+  return { threads, ticks: next.ticks };
+}
+
+/**
  * The cost between `a` and `b`, thread by thread: a thread that started
  * counts from zero, one that ended is missing from `b`. Its nanoseconds are
  * lost with it (a JIT worker exits when it has nothing to compile), so the

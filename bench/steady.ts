@@ -19,7 +19,7 @@ import { RELAY_MESSAGE } from "./relay-floor.ts";
 import { RUNTIME_OPTIONS } from "../src/cli/runtime-options.ts";
 import { pace, quantile, type Row } from "./lib.ts";
 import { portOpen, spawnReady, stopProc, until } from "./procs.ts";
-import { costBetween, freePort, type Servers, snapshotOf, type ThreadKind, writeTrioCerts } from "./servers.ts";
+import { costBetween, freePort, type Servers, snapshotOf, type ThreadKind, withEnded, writeTrioCerts } from "./servers.ts";
 
 /** The systems of the steady workload. */
 /** "mosquitto tls": the bridges over mutual TLS, as keyop's links are (plain "mosquitto" bridges use TCP). */
@@ -433,13 +433,23 @@ async function fileCallsOf(pid: number, secs: number): Promise<{ count: number; 
   p.kill("SIGINT");
   const text = await new Response(p.stderr).text();
   await p.exited;
+  return fileCallsIn(text);
+}
+
+/** The file-system calls in the text of `strace -f -e trace=%file,...`, apart from those on /proc. */
+export function fileCallsIn(text: string): { count: number; proc: number; names: string } {
   const seen = new Map<string, number>();
   let count = 0;
   let proc = 0;
+  // A call on an open file names it by descriptor (`newfstatat(13, "", ..., AT_EMPTY_PATH)`): its path is the openat's that returned it.
+  const fds = new Map<string, string>();
   for (const line of text.split("\n")) {
     const m = /^(?:\[pid\s+\d+\]\s+)?(\w+)\((.*)$/.exec(line);
     if (!m) continue;
-    const path = /"([^"]*)"/.exec(m[2]!)?.[1] ?? "";
+    let path = /"([^"]*)"/.exec(m[2]!)?.[1] ?? "";
+    const opened = m[1] === "openat" ? /= (\d+)$/.exec(m[2]!) : null;
+    if (opened) fds.set(opened[1]!, path);
+    if (path === "") path = fds.get(/^(\d+),/.exec(m[2]!)?.[1] ?? "") ?? "";
     if (path.startsWith("/proc/")) {
       proc++;
       continue;
@@ -489,9 +499,14 @@ async function idle(o: SteadyOptions): Promise<IdleCost[]> {
     await Bun.sleep(o.settleSecs * 1000);
     const s0 = who.map(([, pid]) => snapshotOf([pid]));
     const t0 = performance.now();
-    await Bun.sleep(o.idleSecs * 1000);
+    // Read every second, so that a thread which starts and ends inside the window still counts.
+    let seen = s0;
+    while (performance.now() - t0 < o.idleSecs * 1000) {
+      await Bun.sleep(Math.min(1000, Math.max(0, o.idleSecs * 1000 - (performance.now() - t0))));
+      seen = who.map(([, pid], i) => withEnded(seen[i]!, snapshotOf([pid])));
+    }
     const secs = (performance.now() - t0) / 1000;
-    const c = who.map(([, pid], i) => costBetween(s0[i]!, snapshotOf([pid])));
+    const c = who.map((_, i) => costBetween(s0[i]!, seen[i]!));
     const files = await Promise.all(who.map(([, pid]) => fileCallsOf(pid, o.idleSecs)));
     return who.map(([name], i) => ({
       who: name,
