@@ -17,28 +17,46 @@ test("a call on a descriptor counts as a call on the file it was opened from", (
 });
 
 test("wake-ups of a thread that ended inside a window are kept from the last reading", async () => {
-  // A worker is a thread of this process: it sleeps and wakes a few times, then ends.
-  const s0 = snapshotOf([process.pid]);
-  const worker = new Worker(URL.createObjectURL(new Blob([`for (let i = 0; i < 5; i++) Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 20); postMessage("done");`])));
-  let seen = s0;
-  const done = new Promise<void>((resolve) => {
-    worker.onmessage = () => resolve();
-  });
-  // Read while it runs, as the idle step reads every second.
-  const reading = setInterval(() => {
-    seen = withEnded(seen, snapshotOf([process.pid]));
-  }, 5);
-  await done;
-  seen = withEnded(seen, snapshotOf([process.pid]));
-  clearInterval(reading);
-  const threadsWhileRunning = snapshotOf([process.pid]).threads.size;
-  worker.terminate();
-  const deadline = Date.now() + 10_000;
-  while (snapshotOf([process.pid]).threads.size >= threadsWhileRunning && Date.now() < deadline) await Bun.sleep(20);
-  const after = snapshotOf([process.pid]);
-  expect(after.threads.size).toBeLessThan(threadsWhileRunning);
-  const kept = withEnded(seen, after);
-  // Every thread read while the worker ran is still there, the ended ones at their last reading.
-  for (const id of seen.threads.keys()) expect(kept.threads.has(id)).toBe(true);
-  expect(costBetween(s0, kept).wakeups).toBeGreaterThan(costBetween(s0, after).wakeups);
+  // A process of its own, so that nothing else this test run starts or ends shares its thread list:
+  // a thread that sleeps and wakes 50 times, then ends, while the process stays.
+  const child = Bun.spawn(
+    [
+      "python3",
+      "-c",
+      "import threading, time, sys\nt = threading.Thread(target=lambda: [time.sleep(0.02) for _ in range(50)])\nt.start(); print('started', flush=True); t.join(); print('ended', flush=True); time.sleep(60)",
+    ],
+    { stdout: "pipe" },
+  );
+  try {
+    const lines = child.stdout.getReader();
+    let out = "";
+    const waitFor = async (word: string) => {
+      while (!out.includes(word)) {
+        const { value, done } = await lines.read();
+        if (done) throw new Error(`the child ended before printing ${word}`);
+        out += new TextDecoder().decode(value);
+      }
+    };
+    await waitFor("started");
+    const s0 = snapshotOf([child.pid]);
+    let seen = s0;
+    // Read while the thread runs, as the idle step reads every second.
+    const reading = setInterval(() => {
+      seen = withEnded(seen, snapshotOf([child.pid]));
+    }, 50);
+    await waitFor("ended");
+    clearInterval(reading);
+    // join() can return a moment before the kernel has removed the thread.
+    let after = snapshotOf([child.pid]);
+    for (const deadline = Date.now() + 5000; after.threads.size === seen.threads.size && Date.now() < deadline; after = snapshotOf([child.pid])) await Bun.sleep(10);
+    const ended = [...seen.threads.keys()].filter((id) => !after.threads.has(id));
+    expect(ended.length).toBe(1);
+    const kept = withEnded(seen, after);
+    expect(kept.threads.has(ended[0]!)).toBe(true);
+    // Its wake-ups up to the last reading count; read at the two ends only, they are lost.
+    expect(costBetween(s0, kept).wakeups - costBetween(s0, after).wakeups).toBeGreaterThan(10);
+  } finally {
+    child.kill();
+    await child.exited;
+  }
 });
