@@ -108,7 +108,10 @@ export class Agent {
         const seeded = await federation.seedDedup();
         if (seeded > 0) logger.info("duplicate filter loaded from the log", { ids: seeded, ms: Math.round(performance.now() - t0) });
       }
-      if (config.mqtt) mqttServer = await MqttServer.start(messenger, config.mqtt, logger, config.storage.dataDir, tls);
+      if (config.mqtt) {
+        mqttServer = await MqttServer.start(messenger, config.mqtt, logger, config.storage.dataDir, tls);
+        mqttServer.forwards = federation !== undefined;
+      }
       const api = await ApiServer.start({
         socketPath: config.api.socket,
         socketMode: config.api.socketMode,

@@ -200,12 +200,27 @@ export class Forwarder implements Sender {
         reader.stop();
         return;
       }
-      for (const d of ds) this.send(reader, d, peerBytes);
+      // A lone record (a board's message, one a wake-up) goes out in this call: at the end of the
+      // turn it would follow the publisher's PUBACK, whose wake-up can take the core first. Only
+      // the first of a turn: the rest (a window over many channels) share the end of the turn's write.
+      const now = !this.wroteNow && ds.length === 1 && ds[0]!.records.length === 1;
+      if (now) {
+        this.wroteNow = true;
+        setImmediate(this.turnEnded);
+      }
+      for (const d of ds) this.send(reader, d, peerBytes, now);
     };
     return reader.run(deliver, () => (this.lanes.busy ? this.lanes.idle() : undefined));
   }
 
-  private send(reader: CursorReader<StoredEnvelope>, d: Delivery<StoredEnvelope>, peerBytes: Uint8Array): void {
+  /** A batch was written in its call this turn (see `pump`). */
+  private wroteNow = false;
+
+  private readonly turnEnded = (): void => {
+    this.wroteNow = false;
+  };
+
+  private send(reader: CursorReader<StoredEnvelope>, d: Delivery<StoredEnvelope>, peerBytes: Uint8Array, now: boolean): void {
     const { session } = this.opts;
     const all = d.records;
     // One batch is one channel: the peer's rules are checked once, not per record.
@@ -270,7 +285,7 @@ export class Forwarder implements Sender {
     // While the window has room the ACK may come a little later, with others in one write.
     const delayAck = reader.inflight < this.opts.window;
     const frame = seqs && records ? batchFrame({ batch, channel: d.channel, seqs, records, delayAck }) : batchFrameOf(batch, d.channel, all, delayAck);
-    this.lanes.push(this.laneOf(d.channel), session.pack(frame));
+    this.lanes.push(this.laneOf(d.channel), session.pack(frame), now);
   }
 
   /** Per lane: what waits to go, and what went. */

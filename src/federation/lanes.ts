@@ -6,16 +6,21 @@
  * byte rate. Only data goes through here: ACKs, heartbeats and CLOSE are
  * written directly, so a cap or a backlog never delays them.
  *
- * With nothing queued, no cap and a writable session, a frame is written at
- * once: a link without priorities or a cap behaves as if this were not here.
+ * With nothing queued, no cap and a writable session, a frame goes straight
+ * to the session: a link without priorities or a cap behaves as if this
+ * were not here.
  */
 import { laneWeight } from "./priority.ts";
 import type { TokenBucket } from "./token-bucket.ts";
 
 /** Where frames go: a session. */
 export interface LaneOutput {
-  /** Queues a frame; false when the caller should wait for `writable()` before more. */
-  send(frame: Uint8Array): boolean;
+  /**
+   * Queues a frame for the end of the turn, or with `now` writes it in the
+   * call (after what is queued); false when the caller should wait for
+   * `writable()` before more.
+   */
+  send(frame: Uint8Array, now?: boolean): boolean;
   writable(): Promise<void>;
 }
 
@@ -99,15 +104,19 @@ export class LaneScheduler {
     this.clock = opts.clock ?? realClock;
   }
 
-  /** Queues a data frame in lane `priority` (written at once when nothing waits). */
-  push(priority: number, frame: Uint8Array): void {
+  /**
+   * Queues a data frame in lane `priority`; handed to the session at once
+   * when nothing waits, and then with `now` written in the call rather than
+   * at the end of the turn.
+   */
+  push(priority: number, frame: Uint8Array, now = false): void {
     if (this.stopped) return;
     const lane = this.lane(priority);
     // A lane that was idle starts at the current virtual time; a busy one after its last frame.
     lane.finish = Math.max(lane.finish, this.virtual) + frame.length / lane.weight;
     if (this.queued === 0 && !this.waitingWritable && this.timer === null && (!this.bucket || this.bucket.waitMs(this.clock.now()) === 0)) {
       this.virtual = lane.finish - frame.length / lane.weight;
-      this.write(lane, frame);
+      this.write(lane, frame, now);
       return;
     }
     lane.frames.push(frame);
@@ -163,11 +172,11 @@ export class LaneScheduler {
     return lane;
   }
 
-  private write(lane: Lane, frame: Uint8Array): void {
+  private write(lane: Lane, frame: Uint8Array, now = false): void {
     lane.sentFrames++;
     lane.sentBytes += frame.length;
     this.bucket?.take(frame.length, this.clock.now());
-    if (!this.out.send(frame)) {
+    if (!this.out.send(frame, now)) {
       this.waitingWritable = true;
       void this.out.writable().then(this.onWritable);
     }

@@ -8,8 +8,8 @@ import type { LaneStats } from "./lanes.ts";
 export interface Link {
   readonly peer: { readonly name: string };
   readonly state: "handshaking" | "open" | "closed";
-  /** Queues a frame; false when the caller should wait for `writable()` before more. */
-  send(frame: Uint8Array): boolean;
+  /** Queues a frame (with `now`, writes it in the call); false when the caller should wait for `writable()` before more. */
+  send(frame: Uint8Array, now?: boolean): boolean;
   /** The bytes to send for a data frame (compressed when the session agreed on a codec). */
   pack(frame: Uint8Array): Uint8Array;
   /** Times the connection had been full and took bytes again (the stall watchdog's sign of a slow path). */

@@ -143,13 +143,14 @@ export class PeerSession {
 
   /**
    * Queues bytes for the peer, written at the end of this turn with the
-   * rest of the turn's frames (see OutQueue). Returns false when more than
-   * HIGH_WATER_BYTES wait: the caller should await `writable()` before more.
+   * rest of the turn's frames (see OutQueue), or with `now` in the call,
+   * after what is queued. Returns false when more than HIGH_WATER_BYTES
+   * wait: the caller should await `writable()` before more.
    */
-  send(bytes: Uint8Array): boolean {
+  send(bytes: Uint8Array, now = false): boolean {
     if (this.state === "closed") return false;
     this.lastSent = Date.now();
-    return this.out.push(bytes);
+    return now ? this.out.pushNow(bytes) : this.out.push(bytes);
   }
 
   /**

@@ -65,6 +65,8 @@ export class MqttServer implements SessionHost {
   readonly sessions: SessionStore;
   readonly shared: SharedSubscriptions;
   readonly inbound = new CopyBlocks();
+  /** Set by the agent when it has federation links or a hub (see `SessionHost.forwards`). */
+  forwards = false;
   private sweeper: ReturnType<typeof setInterval> | null = null;
 
   private constructor(messenger: Messenger, cfg: MqttConfig, logger: Logger, retained: RetainedStore, sessions: SessionStore) {

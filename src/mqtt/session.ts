@@ -54,6 +54,8 @@ export interface SessionHost {
   delayWill(clientId: string, ms: number, publish: () => void): void;
   /** Where the sessions copy what their sockets hand them. */
   inbound: CopyBlocks;
+  /** The agent forwards over federation: a lone publish's PUBACK waits for the forward (see `publish`). */
+  forwards: boolean;
 }
 
 /** The socket operations a session uses. */
@@ -728,8 +730,14 @@ export class MqttSession implements SharedMember {
       try {
         const r = this.host.messenger.publishNow(channel, this.host.cfg.payloadType, payload, opts);
         if (!(r instanceof Promise)) {
-          // Nothing else of this read is coming to join it: the end of the turn would only cost a callback.
-          if (qos === 1) this.wire.writeNow(pubackBytes(id!));
+          // Nothing else of this read is coming to join it: the end of the turn would only cost a
+          // callback. On an agent with links, written after this turn's microtasks, in which a
+          // link's reader forwards the message: the PUBACK wakes the client, which could take the
+          // core before the forward.
+          if (qos === 1) {
+            if (this.host.forwards) this.pubackSoon(id!);
+            else this.wire.writeNow(pubackBytes(id!));
+          }
           return;
         }
         stored = r;
@@ -766,6 +774,19 @@ export class MqttSession implements SharedMember {
         this.shutdown(true);
       }
     }
+  };
+
+  /** Packet ids of lone publishes whose PUBACK goes after this turn's microtasks. */
+  private readonly soon: number[] = [];
+
+  private pubackSoon(id: number): void {
+    if (this.soon.push(id) === 1) queueMicrotask(this.writeSoon);
+  }
+
+  private readonly writeSoon = (): void => {
+    const ids = this.soon;
+    for (let i = 0; i < ids.length && !this.closed; i++) this.wire.writeNow(pubackBytes(ids[i]!));
+    ids.length = 0;
   };
 
   /** Settles `ack` once `stored` has, either way. */

@@ -7,7 +7,8 @@ import { AuditLog } from "../../src/federation/audit.ts";
 import { RecentIds } from "../../src/federation/dedup.ts";
 import { cursorName, Forwarder } from "../../src/federation/forwarder.ts";
 import type { Link } from "../../src/federation/link.ts";
-import { batchFrame, type Ack } from "../../src/federation/messages.ts";
+import { FrameDecoder } from "../../src/federation/frame.ts";
+import { batchFrame, parseBatch, type Ack } from "../../src/federation/messages.ts";
 import { Receiver } from "../../src/federation/receiver.ts";
 import { type PeerSession, sessionHandler } from "../../src/federation/session.ts";
 import { createCa, issueCert } from "../../src/pki/certs.ts";
@@ -157,6 +158,62 @@ describe("store and forward between two messengers over mutual TLS", () => {
     expect((await hubMessages("t.back"))[0]!.payload).toBe(2);
     await waitFor(() => l.fwd.loopSkipped === 1, "loop skip counted");
     l.session.close("bye", "test");
+  });
+});
+
+/** The one frame in `bytes`. */
+const decodeOne = (bytes: Uint8Array) => new FrameDecoder(1 << 20).push(bytes)[0]!;
+
+describe("forwarder writes", () => {
+  test("a lone record goes to the session to be written in the call; records read together, and every batch after the first of a turn, share the end of the turn", async () => {
+    const dir2 = tmpDir();
+    const m = await Messenger.open({ name: "devX", storage: { dataDir: dir2 } });
+    const sent: { records: number; now: boolean }[] = [];
+    // Turns of the event loop, counted by an immediate that schedules itself.
+    let turn = 0;
+    let counting = true;
+    const count = () => {
+      turn++;
+      if (counting) setImmediate(count);
+    };
+    setImmediate(count);
+    const turns: number[] = [];
+    const session: Link = {
+      peer: { name: "hub" },
+      state: "open",
+      send: (b: Uint8Array, now?: boolean) => {
+        turns.push(turn);
+        return sent.push({ records: parseBatch(decodeOne(b)).records.length, now: now === true }) > 0;
+      },
+      writable: async () => {},
+      pack: (f: Uint8Array) => f,
+      close: () => {},
+    };
+    const fwd = new Forwarder({ messenger: m, session, patterns: ["t.>"], start: "earliest", window: 64, maxBatchBytes: 64 * 1024, logger: silentLogger });
+    void fwd.run();
+    await m.publish("t.a", "n", 1);
+    await waitFor(() => sent.length === 1, "the lone record's batch");
+    expect(sent[0]).toEqual({ records: 1, now: true });
+    // Two records of one channel in one commit: one batch of two, at the end of the turn.
+    await m.publishBatch([
+      { channel: "t.a", type: "n", payload: 2 },
+      { channel: "t.a", type: "n", payload: 3 },
+    ]);
+    await waitFor(() => sent.length === 2, "the batch of two");
+    expect(sent[1]).toEqual({ records: 2, now: false });
+    // One record on each of four channels in one commit: a batch each, the first on its own, and
+    // never two written on their own in one turn.
+    await m.publishBatch(["t.b", "t.c", "t.d", "t.e"].map((channel, i) => ({ channel, type: "n", payload: 4 + i })));
+    await waitFor(() => sent.length === 6, "a batch per channel");
+    expect(sent.slice(2).map((x) => x.records)).toEqual([1, 1, 1, 1]);
+    expect(sent[2]!.now).toBe(true);
+    const onTheirOwn = new Map<number, number>();
+    for (const [i, x] of sent.entries()) if (x.now) onTheirOwn.set(turns[i]!, (onTheirOwn.get(turns[i]!) ?? 0) + 1);
+    expect(Math.max(...onTheirOwn.values())).toBe(1);
+    expect(sent.slice(2).some((x) => !x.now)).toBe(true);
+    counting = false;
+    fwd.stop();
+    await m.close();
   });
 });
 

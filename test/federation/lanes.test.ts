@@ -88,6 +88,24 @@ describe("LaneScheduler", () => {
     await s.idle();
   });
 
+  test("a frame asked to go now is handed over with `now` only when nothing waits before it", () => {
+    const clock = new FakeClock();
+    const calls: { tag: number; now: boolean }[] = [];
+    const out = { send: (f: Uint8Array, now?: boolean) => (calls.push({ tag: f[0]!, now: now === true }), true), writable: () => Promise.resolve() };
+    const s = new LaneScheduler(out, { bucket: new TokenBucket(1000, 150, 0), clock });
+    s.push(4, frame(1, 100), true);
+    s.push(4, frame(2, 100)); // the burst still allows it: straight to the session, at the end of the turn
+    expect(calls).toEqual([
+      { tag: 1, now: true },
+      { tag: 2, now: false },
+    ]);
+    s.push(4, frame(3, 100), true); // the cap holds it back: it waits in its lane
+    expect(calls).toHaveLength(2);
+    clock.advance(1000);
+    // From the lane it goes with the rest of its turn, not on its own.
+    expect(calls[2]).toEqual({ tag: 3, now: false });
+  });
+
   test("a higher lane overtakes a backlog held back by the cap; order within a lane is kept", () => {
     const clock = new FakeClock();
     const { sent, out } = sink();

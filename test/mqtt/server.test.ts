@@ -309,6 +309,24 @@ describe("MQTT listener, raw packets", () => {
       else await waitFor(() => acks().length === id, `PUBACK ${id}`);
     }
     expect(atOnce).toBe(true);
+    // On an agent that forwards, the PUBACK waits for the turn's microtasks, in which a link's
+    // reader forwards the message: not in the call, and not a turn later either.
+    t.agent.mqtt!.forwards = true;
+    try {
+      let soon = false;
+      const until = Date.now() + 10_000;
+      while (!soon && Date.now() < until) {
+        await new Promise((r) => setImmediate(r));
+        s.data(bytes(pub(++id)));
+        expect(acks().length).toBe(id - 1);
+        await Promise.resolve();
+        soon = acks().length === id;
+        if (!soon) await waitFor(() => acks().length === id, `PUBACK ${id}`);
+      }
+      expect(soon).toBe(true);
+    } finally {
+      t.agent.mqtt!.forwards = false;
+    }
     // Read together: they wait for one shared write.
     await new Promise((r) => setImmediate(r));
     s.data(bytes(pub(id + 1), pub(id + 2), pub(id + 3)));
