@@ -66,7 +66,7 @@ export async function readBody(req: Request, limit: number): Promise<Uint8Array>
   if (declared > limit) throw new TooLargeError(`body of ${declared} bytes exceeds the limit of ${limit}`);
   if (Number.isFinite(declared)) {
     // Length known and within the limit: one read, far cheaper than iterating the stream.
-    return new Uint8Array(await req.arrayBuffer());
+    return await req.bytes();
   }
   if (!req.body) return new Uint8Array(0);
   const chunks: Uint8Array[] = [];

@@ -22,11 +22,16 @@ const valid = new Set<string>();
  * valid are remembered (bounded) so the publish hot path pays once per name.
  */
 export function assertChannel(name: unknown): asserts name is string {
-  if (typeof name === "string" && valid.has(name)) return;
-  const problem = channelProblem(name);
-  if (problem) throw new InvalidChannelError(problem);
+  if (!isChannel(name)) throw new InvalidChannelError(channelProblem(name)!);
+}
+
+/** True when `name` is a channel name; remembered like `assertChannel`'s. */
+export function isChannel(name: unknown): name is string {
+  if (typeof name === "string" && valid.has(name)) return true;
+  if (channelProblem(name) !== null) return false;
   if (valid.size > 10_000) valid.clear();
   valid.add(name as string);
+  return true;
 }
 
 /** Returns why `name` is not a channel name, or null when it is one. */
