@@ -103,6 +103,23 @@ function row(group: string, metric: string, value: number, unit: string, note?: 
 /** HTTP publishes from 64 connections: alternating rounds of `sync: always` keyop and the bare sink. */
 const HTTP_ROUNDS = quick ? 1 : 3;
 
+/**
+ * One round of HTTP publishes with how busy each side was, in % of a core:
+ * the server (utime + stime of `pid`) and the client, this process. A
+ * server under 100% waits (for its fdatasyncs, or for the client); a client
+ * near 100% is the bound itself.
+ */
+async function boundRound(pid: number, round: () => Promise<{ rate: number; errors: number }>): Promise<{ rate: number; errors: number; busy: string }> {
+  const s0 = cpuOf(pid);
+  const c0 = process.cpuUsage();
+  const t0 = performance.now();
+  const r = await round();
+  const secs = (performance.now() - t0) / 1000;
+  const c = process.cpuUsage(c0);
+  const pct = (cpu: number) => Math.round((cpu / secs) * 100);
+  return { ...r, busy: `${pct(cpuOf(pid) - s0)} / ${pct((c.user + c.system) / 1e6)}%` };
+}
+
 async function ingestHttp(): Promise<void> {
   // The floor of the `always` rows: a bare Bun.serve that answers each POST once a write + fdatasync
   // of its batch is done (bench/http-floor.ts), measured in rounds alternating with keyop's.
@@ -125,18 +142,26 @@ async function ingestHttp(): Promise<void> {
       const rounds = sync === "always" ? HTTP_ROUNDS : 1;
       const keyopRates: number[] = [];
       const floorRates: number[] = [];
+      // Which side bounds each round: the server's CPU and the client's (this process), in % of a core.
+      const keyopBusy: string[] = [];
+      const floorBusy: string[] = [];
       let errors = 0;
       for (let round = 0; round < rounds; round++) {
-        const r = await publishRate(a.socket, n, SECS);
+        const r = await boundRound(a.proc.pid, () => publishRate(a.socket, n, SECS));
         keyopRates.push(r.rate);
+        keyopBusy.push(r.busy);
         errors += r.errors;
-        if (sync === "always") floorRates.push((await publishRate(floorSocket, n, SECS)).rate);
+        if (sync === "always") {
+          const f = await boundRound(floor.pid, () => publishRate(floorSocket, n, SECS));
+          floorRates.push(f.rate);
+          floorBusy.push(f.busy);
+        }
       }
       clearTimeout(sampler);
       const r = { rate: quantile([...keyopRates], 0.5), errors };
       const label = `keyop sync=${sync}, ${n} in flight`;
       const roundsNote = rounds > 1 ? `; median of ${rounds} rounds alternating with the bare sink: ${keyopRates.map((x) => Math.round(x)).join(" / ")}` : "";
-      row("1 ingest", label, r.rate, "msg/s", `${r.errors ? `${r.errors} errors` : "Unix socket, HTTP"}${roundsNote}`);
+      row("1 ingest", label, r.rate, "msg/s", `${r.errors ? `${r.errors} errors` : "Unix socket, HTTP"}${roundsNote}; busy (server / client) by round: ${keyopBusy.join(", ")}`);
       if (sync === "always") {
         const f = quantile([...floorRates], 0.5);
         httpFloor[n] = f;
@@ -145,7 +170,7 @@ async function ingestHttp(): Promise<void> {
           `bare Bun HTTP sink (write + fdatasync per batch), ${n} in flight`,
           f,
           "msg/s",
-          `Unix socket, HTTP; rounds: ${floorRates.map((x) => Math.round(x)).join(" / ")}; keyop / the sink per round: ${keyopRates.map((x, i) => (x / floorRates[i]!).toFixed(2)).join(" / ")}`,
+          `Unix socket, HTTP; rounds: ${floorRates.map((x) => Math.round(x)).join(" / ")}; keyop / the sink per round: ${keyopRates.map((x, i) => (x / floorRates[i]!).toFixed(2)).join(" / ")}; busy (server / client) by round: ${floorBusy.join(", ")}`,
         );
       }
       ingest.set(`keyop-http-${sync as "always" | "none"}-${n}`, r.rate);
