@@ -10,11 +10,17 @@
  * parsing beyond cutting the stream into messages: what the runtime costs
  * for two hops before any keyop code runs.
  *
- *   bun bench/relay-floor.ts a   <publisher port> <hub port> <cert dir>
- *   bun bench/relay-floor.ts hub <hub port> <cert dir>
- *   bun bench/relay-floor.ts b   <subscriber port> <hub port> <cert dir>
+ * With `sync` last, each process first stores what a read brought, as
+ * keyop's `sync: always` does before it answers or passes anything on: one
+ * `writeSync` into a preallocated file and one `fdatasyncSync` per read,
+ * inline (the cheapest durable hop Bun allows: no thread pool, no
+ * file-size metadata to commit). That is the floor of the `always` tail.
+ *
+ *   bun bench/relay-floor.ts a   <publisher port> <hub port> <cert dir> [sync]
+ *   bun bench/relay-floor.ts hub <hub port> <cert dir> [sync]
+ *   bun bench/relay-floor.ts b   <subscriber port> <hub port> <cert dir> [sync]
  */
-import { readFileSync } from "node:fs";
+import { fdatasyncSync, openSync, readFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { constants } from "node:crypto";
 import type { Socket } from "bun";
@@ -41,18 +47,46 @@ function tlsOf(dir: string, role: string) {
   };
 }
 
-/** Cuts a byte stream into whole messages: `each` gets every message, `done` once per read with how many came. */
-function messages(each: (m: Uint8Array) => void, done: (n: number) => void) {
+/** The preallocated file's size: positions wrap around inside it, so no write grows the file. */
+const STORE_BYTES = 16 * 1024 * 1024;
+
+/**
+ * Stores whole messages durably before they go on: `bytes` (a whole number of
+ * messages, contiguous) written at the next position of `<path>` and
+ * fdatasynced. The file is filled with zeros and synced first, as keyop
+ * preallocates its segments.
+ */
+export function durableStore(path: string): (bytes: Uint8Array) => void {
+  const fd = openSync(path, "w+");
+  const zeros = new Uint8Array(1024 * 1024);
+  for (let at = 0; at < STORE_BYTES; at += zeros.length) writeSync(fd, zeros, 0, zeros.length, at);
+  fdatasyncSync(fd);
+  let pos = 0;
+  return (bytes) => {
+    if (pos + bytes.length > STORE_BYTES) pos = 0;
+    let done = 0;
+    while (done < bytes.length) done += writeSync(fd, bytes, done, bytes.length - done, pos + done);
+    pos += bytes.length;
+    fdatasyncSync(fd);
+  };
+}
+
+/**
+ * Cuts a byte stream into whole messages. Once per read that completed any:
+ * `store` gets them as one contiguous view (when storing), then `each` gets
+ * every message and `done` how many came.
+ */
+function messages(each: (m: Uint8Array) => void, done: (n: number) => void, store?: (bytes: Uint8Array) => void) {
   let rest = new Uint8Array(0);
   return (chunk: Uint8Array) => {
-    let buf = rest.length ? Buffer.concat([rest, chunk]) : chunk;
-    let n = 0;
-    while (buf.length >= RELAY_MESSAGE) {
-      each(buf.subarray(0, RELAY_MESSAGE));
-      buf = buf.subarray(RELAY_MESSAGE);
-      n++;
+    const buf = rest.length ? Buffer.concat([rest, chunk]) : chunk;
+    const whole = buf.length - (buf.length % RELAY_MESSAGE);
+    const n = whole / RELAY_MESSAGE;
+    if (n > 0) {
+      store?.(buf.subarray(0, whole));
+      for (let at = 0; at < whole; at += RELAY_MESSAGE) each(buf.subarray(at, at + RELAY_MESSAGE));
     }
-    rest = buf.length ? Uint8Array.from(buf) : new Uint8Array(0);
+    rest = whole < buf.length ? Uint8Array.from(buf.subarray(whole)) : new Uint8Array(0);
     if (n > 0) done(n);
   };
 }
@@ -86,8 +120,11 @@ function sender(): { write: (s: Socket<unknown>, b: Uint8Array) => void; drain: 
 async function main(): Promise<void> {
   const role = process.argv[2];
   const ignore = () => {};
+  const sync = process.argv.at(-1) === "sync";
+  const storeIn = (dir: string) => (sync ? durableStore(join(dir, `${role}.store`)) : undefined);
   if (role === "hub") {
     const [port, dir] = [Number(process.argv[3]), process.argv[4]!];
+    const store = storeIn(dir);
     // Messages go to the connection whose certificate is B's.
     let toB: Socket<unknown> | undefined;
     const out = sender();
@@ -101,6 +138,7 @@ async function main(): Promise<void> {
             feed: messages(
               (m) => toB && out.write(toB, Uint8Array.from(m)),
               () => s.write(ANSWER),
+              store,
             ),
           };
         },
@@ -119,6 +157,7 @@ async function main(): Promise<void> {
     return;
   }
   const [port, hubPort, dir] = [Number(process.argv[3]), Number(process.argv[4]), process.argv[5]!];
+  const store = storeIn(dir);
   if (role === "a") {
     const out = sender();
     const hub = await Bun.connect({ hostname: "127.0.0.1", port: hubPort, tls: { ...tlsOf(dir, "a"), serverName: "127.0.0.1" }, socket: { data: ignore, drain: (s) => out.drain(s) } });
@@ -132,6 +171,7 @@ async function main(): Promise<void> {
             feed: messages(
               (m) => out.write(hub, Uint8Array.from(m)),
               (n) => s.write(answers(n)),
+              store,
             ),
           };
         },
@@ -155,6 +195,7 @@ async function main(): Promise<void> {
             feed: messages(
               (m) => sub && out.write(sub, Uint8Array.from(m)),
               () => s.write(ANSWER),
+              store,
             ),
           };
         },
