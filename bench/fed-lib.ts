@@ -126,9 +126,13 @@ export interface Trio {
 /**
  * Makes a CA and certificates (hub, devA, devB and `extraPeers` more names,
  * allowed nothing), starts the hub and both devices with `sync` on every
- * hop, and waits until both links are open.
+ * hop, and waits until both links are open. `compression`: the devices'
+ * `federation.compression` (the default, `auto`, when not given).
  */
-export async function startTrio(dir: string, opts: { pattern?: string; extraPeers?: string[]; sync?: string; deviceYaml?: (name: "devA" | "devB") => string; build?: Build } = {}): Promise<Trio> {
+export async function startTrio(
+  dir: string,
+  opts: { pattern?: string; extraPeers?: string[]; sync?: string; compression?: string; deviceYaml?: (name: "devA" | "devB") => string; build?: Build } = {},
+): Promise<Trio> {
   const pattern = opts.pattern ?? "t.>";
   const extra = opts.extraPeers ?? [];
   const ca = await createCa();
@@ -147,7 +151,7 @@ export async function startTrio(dir: string, opts: { pattern?: string; extraPeer
     ...extra.map((n) => `    - name: ${n}\n      publish: []\n      subscribe: []`),
   ];
   const hubYaml = tls("hub") + `hub:\n  listen: 127.0.0.1:${port}\n  peers:\n${peers.join("\n")}\n`;
-  const fedOpts = "federation:\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n";
+  const fedOpts = `federation:\n  reconnect_base_ms: 100ms\n  reconnect_max_ms: 500ms\n${opts.compression ? `  compression: ${opts.compression}\n` : ""}`;
   const extraYaml = opts.deviceYaml ?? (() => "");
   // One that fails to start takes the ones already started with it: none is left running.
   const started: Proc[] = [];

@@ -5,7 +5,10 @@
  * `rate` with loopback captured by tcpdump on its four connections. The
  * MQTT publishes carry their send time in clear; `wire.py` reads the TLS
  * links by their record sizes and splits each message's latency into the
- * client's send, A's turn, the hub's, B's and the harness's receipt.
+ * client's send, A's turn, the hub's, B's and the harness's receipt. The
+ * links run uncompressed, so that a batch's size tells how many records it
+ * holds (compression only touches batches of 4 KiB and more, which come
+ * after a stall, most often under `sync: always`).
  * Also prints, per process, CPU and the time runnable but not running
  * (`/proc/PID/task/TID/schedstat`) per message over the window.
  *
@@ -29,15 +32,12 @@ const out = arg("out", "/tmp/keyop-wire");
 mkdirSync(out, { recursive: true });
 const PAD = "x".repeat(200);
 
-/** CPU, run-queue wait (ns) and timeslices of every thread of `pid`. */
-function sched(pid: number): { run: number; wait: number; slices: number } {
-  const s = { run: 0, wait: 0, slices: 0 };
+/** CPU, run-queue wait (ns) and timeslices of every thread of `pid`, by thread id. */
+function sched(pid: number): Map<string, number[]> {
+  const s = new Map<string, number[]>();
   for (const t of readdirSync(`/proc/${pid}/task`)) {
     try {
-      const [run = 0, wait = 0, slices = 0] = readFileSync(`/proc/${pid}/task/${t}/schedstat`, "utf8").trim().split(" ").map(Number);
-      s.run += run;
-      s.wait += wait;
-      s.slices += slices;
+      s.set(t, readFileSync(`/proc/${pid}/task/${t}/schedstat`, "utf8").trim().split(" ").map(Number));
     } catch {
       // The thread ended between the listing and the read.
     }
@@ -45,9 +45,21 @@ function sched(pid: number): { run: number; wait: number; slices: number } {
   return s;
 }
 
+/** What the threads alive at both readings did between them (a thread that ended takes its counts with it). */
+function schedBetween(before: Map<string, number[]>, after: Map<string, number[]>): { run: number; wait: number; slices: number } {
+  const d = { run: 0, wait: 0, slices: 0 };
+  for (const [t, [run = 0, wait = 0, slices = 0]] of after) {
+    const [run0 = 0, wait0 = 0, slices0 = 0] = before.get(t) ?? [];
+    d.run += run - run0;
+    d.wait += wait - wait0;
+    d.slices += slices - slices0;
+  }
+  return d;
+}
+
 const dir = mkdtempSync(join(tmpdir(), "keyop-wire-"));
 const ports = { devA: freePort(), devB: freePort() };
-const trio = await startTrio(dir, { pattern: "bench.>", sync: arg("sync", "none"), deviceYaml: (n) => `mqtt:\n  listen: 127.0.0.1:${ports[n]}\n` });
+const trio = await startTrio(dir, { pattern: "bench.>", sync: arg("sync", "none"), compression: "none", deviceYaml: (n) => `mqtt:\n  listen: 127.0.0.1:${ports[n]}\n` });
 try {
   await until("mqtt listening", async () => (await portOpen(ports.devA)()) && portOpen(ports.devB)(), 20_000);
   const sub = await mqtt.connectAsync(`mqtt://127.0.0.1:${ports.devB}`, { clean: true });
@@ -57,11 +69,15 @@ try {
   sub.on("message", (_t, p) => {
     received.push(`${JSON.parse(p.toString()).t} ${performance.timeOrigin + performance.now()}`);
   });
-  const send = () => pub.publishAsync("bench/pair", JSON.stringify({ t: performance.timeOrigin + performance.now(), pad: PAD }), { qos: 1 });
+  let sent = 0;
+  const send = () => (sent++, pub).publishAsync("bench/pair", JSON.stringify({ t: performance.timeOrigin + performance.now(), pad: PAD }), { qos: 1 });
   await pace(4000, 60_000, 64, send);
   await pace(rate, rate * 60, 64, send);
+  // Nothing of the warm-up may still be on its way: the window's count of receipts and the
+  // capture's records on the links must both be the window's messages and no others.
+  await until("the warm-up delivered", async () => received.length >= sent, 10_000);
   const filter = `tcp port ${trio.port} or tcp port ${ports.devA} or tcp port ${ports.devB}`;
-  const dump = Bun.spawn(["tcpdump", "-i", "lo", "-n", "-s", "1500", "-B", "16384", "-w", join(out, "wire.pcap"), filter], { stderr: "pipe" });
+  const dump = Bun.spawn(["tcpdump", "-i", "lo", "-n", "-s", "65535", "-B", "16384", "-w", join(out, "wire.pcap"), filter], { stderr: "pipe" });
   // It says "listening on lo" once the capture runs.
   let said = "";
   const reader = dump.stderr.getReader();
@@ -70,7 +86,6 @@ try {
     if (done) throw new Error(`tcpdump did not start: ${said}`);
     said += new TextDecoder().decode(value);
   }
-  reader.releaseLock();
   const procs = [
     ["A", trio.devA.proc.pid],
     ["hub", trio.hub.proc.pid],
@@ -85,12 +100,12 @@ try {
   const after = procs.map(([, pid]) => sched(pid));
   dump.kill("SIGINT");
   await dump.exited;
+  // Its closing lines count the packets the kernel dropped: any drop shifts wire.py's matching.
+  for (let r = await reader.read(); !r.done; r = await reader.read()) said += new TextDecoder().decode(r.value);
+  for (const line of said.split("\n").filter((l) => /captured|dropped/.test(l))) console.log(`tcpdump: ${line.trim()}`);
   procs.forEach(([name], i) => {
-    const b = before[i]!;
-    const a = after[i]!;
-    console.log(
-      `${name}: CPU ${((a.run - b.run) / 1e3 / total).toFixed(1)} µs, runnable but waiting ${((a.wait - b.wait) / 1e3 / total).toFixed(1)} µs, timeslices ${((a.slices - b.slices) / total).toFixed(2)} per message`,
-    );
+    const d = schedBetween(before[i]!, after[i]!);
+    console.log(`${name}: CPU ${(d.run / 1e3 / total).toFixed(1)} µs, runnable but waiting ${(d.wait / 1e3 / total).toFixed(1)} µs, timeslices ${(d.slices / total).toFixed(2)} per message`);
   });
   writeFileSync(join(out, "received.txt"), received.slice(from).join("\n"));
   writeFileSync(join(out, "ports.json"), JSON.stringify({ hub: trio.port, devA: ports.devA, devB: ports.devB }));
